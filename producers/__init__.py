@@ -1,0 +1,1 @@
+"""The ingress side: HTTP API, admission, outbox relay, submit client."""

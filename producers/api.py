@@ -1,0 +1,135 @@
+"""The HTTP API: submit, status, cancel, health and metrics."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import FastAPI, Header, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from producers import errors
+from producers.limits import BodyLimit
+from producers.metrics import SUBMITTED
+from producers.repository import JobRepository
+from producers.submission import new_job
+from schemas import constants
+from schemas.api import ErrorResponse, JobView, SubmitJob, SubmitResponse
+from schemas.errors import InvalidRequest, JobNotFound
+from sluicegate.db import make_engine
+from sluicegate.settings import Settings
+
+_TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_ERRORS: dict[int | str, dict[str, object]] = {
+    status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 422, 503)
+}
+
+TenantHeader = Annotated[
+    str | None, Header(alias=constants.HEADER_TENANT, description="Tenant (default: default)")
+]
+
+
+def _tenant(value: str | None) -> str:
+    tenant = value or constants.DEFAULT_TENANT
+    if not _TENANT.match(tenant):
+        raise InvalidRequest("tenant must be 1-64 of A-Z a-z 0-9 . _ -")
+    return tenant
+
+
+def _job_id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise JobNotFound(f"no job {value}") from None
+
+
+def _status_url(job_id: str) -> str:
+    return f"/v1/jobs/{job_id}"
+
+
+def create_app(settings: Settings, *, engine: AsyncEngine | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own = engine is None
+        db = engine if engine is not None else make_engine(settings.require_database_url())
+        app.state.repo = JobRepository(
+            db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic
+        )
+        try:
+            yield
+        finally:
+            if own:
+                await db.dispose()
+
+    app = FastAPI(title="Sluicegate", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    errors.install(app)
+
+    def repo(request: Request) -> JobRepository:
+        repository: JobRepository = request.app.state.repo
+        return repository
+
+    @app.post(
+        "/v1/jobs",
+        status_code=202,
+        response_model=SubmitResponse,
+        responses={200: {"model": SubmitResponse}, **_ERRORS},
+    )
+    async def submit(
+        body: SubmitJob,
+        request: Request,
+        tenant: TenantHeader = None,
+        idempotency_key: Annotated[
+            str | None, Header(alias=constants.HEADER_IDEMPOTENCY_KEY, max_length=255)
+        ] = None,
+    ) -> JSONResponse:
+        new = new_job(
+            body,
+            tenant=_tenant(tenant),
+            header_key=idempotency_key,
+            now=datetime.now(UTC),
+            settings=settings,
+        )
+        job, created = await repo(request).submit(new)
+        if created:
+            SUBMITTED.labels(kind=job.kind.value, priority=job.priority.value).inc()
+        answer = SubmitResponse(
+            id=job.id,
+            state=job.state,
+            deadline=job.deadline,
+            created_at=job.created_at,
+            status_url=_status_url(job.id),
+        )
+        headers = {"Location": answer.status_url}
+        if not created:
+            headers[constants.HEADER_IDEMPOTENT_REPLAY] = "true"
+        return JSONResponse(
+            answer.model_dump(mode="json"), status_code=202 if created else 200, headers=headers
+        )
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
+    async def get_job(job_id: str, request: Request, tenant: TenantHeader = None) -> JobView:
+        job = await repo(request).get(_tenant(tenant), _job_id(job_id))
+        return JobView.of(job, _status_url(job.id))
+
+    @app.delete("/v1/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
+    async def cancel_job(job_id: str, request: Request, tenant: TenantHeader = None) -> JobView:
+        job = await repo(request).cancel(_tenant(tenant), _job_id(job_id))
+        return JobView.of(job, _status_url(job.id))
+
+    @app.get("/healthz")
+    async def healthz(request: Request) -> dict[str, str]:
+        await repo(request).ping()
+        return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,97 @@
+"""Map every failure to a JSON error with a stable code."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException
+
+from producers.metrics import REFUSED
+from schemas.errors import SluicegateError
+
+log = logging.getLogger(__name__)
+
+DATABASE_RETRY_AFTER_S = 5
+
+# Validation failures whose cause deserves its own code.
+_FIELD_CODES = {
+    ("kind", "enum"): "unknown_kind",
+    ("priority", "enum"): "unknown_priority",
+    ("input", "string_too_short"): "empty_input",
+    ("input", "missing"): "missing_input",
+    ("kind", "missing"): "missing_kind",
+}
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    details: Any = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    REFUSED.labels(code=code).inc()
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details is not None:
+        body["details"] = details
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _validation_code(errors: list[dict[str, Any]]) -> tuple[int, str]:
+    for err in errors:
+        if err.get("type") == "json_invalid":
+            return 400, "invalid_json"
+    for err in errors:
+        loc = [p for p in err.get("loc", ()) if p != "body"]
+        if loc and (str(loc[0]), err.get("type")) in _FIELD_CODES:
+            return 422, _FIELD_CODES[(str(loc[0]), str(err.get("type")))]
+    if any(err.get("type") == "model_attributes_type" for err in errors):
+        return 422, "invalid_body"
+    return 422, "invalid_request"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(SluicegateError)
+    async def _sluicegate(_: Request, exc: SluicegateError) -> JSONResponse:
+        headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)} if exc.retriable else None
+        return error_response(exc.status, exc.code, exc.message, exc.details, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "type": e.get("type"), "msg": e.get("msg")}
+            for e in exc.errors()
+        ]
+        status, code = _validation_code(errors)
+        return error_response(status, code, "the request is not valid", errors)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+
+    async def _database_down(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable: %s", exc)
+        return error_response(
+            503,
+            "database_unavailable",
+            "the database is unavailable; nothing was stored",
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        )
+
+    for exc_type in (PoolTimeout, OSError):
+        app.add_exception_handler(exc_type, _database_down)
+
+    @app.exception_handler(DBAPIError)
+    async def _dbapi(request: Request, exc: DBAPIError) -> JSONResponse:
+        if isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated:
+            return await _database_down(request, exc)
+        log.exception("database error", exc_info=exc)
+        return error_response(500, "internal_error", "internal error")

@@ -1,0 +1,217 @@
+"""The producer side's one home for SQL: jobs and their outbox rows."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import uuid_utils
+from sqlalchemy import and_, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import ColumnElement
+
+from schemas.envelopes import DispatchEnvelope, JobEvent
+from schemas.errors import IdempotencyConflict, JobAlreadyTerminal, JobNotFound
+from schemas.jobs import Job, NewJob, estimate_tokens, job_from_row
+from schemas.states import CANCELLABLE_STATES, TERMINAL_STATES, JobState
+from schemas.tables import jobs, outbox
+
+
+def new_job_id() -> str:
+    """Time-ordered and unguessable: UUIDv7 (48-bit ms timestamp + 74 random bits)."""
+    return str(uuid_utils.uuid7())
+
+
+class JobRepository:
+    def __init__(self, engine: AsyncEngine, *, dispatch_topic: str, events_topic: str) -> None:
+        self._engine = engine
+        self._dispatch_topic = dispatch_topic
+        self._events_topic = events_topic
+
+    async def ping(self) -> None:
+        async with self._engine.connect() as conn:
+            await conn.execute(select(1))
+
+    async def submit(self, new: NewJob) -> tuple[Job, bool]:
+        """Store the job and its dispatch outbox row in one transaction.
+
+        Returns the job and whether it was created; an idempotent replay returns the job
+        stored first for the same (tenant, key).
+        """
+        job_id = new_job_id()
+        async with self._engine.begin() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        pg_insert(jobs)
+                        .values(
+                            id=job_id,
+                            tenant=new.tenant,
+                            kind=new.kind.value,
+                            state=JobState.QUEUED.value,
+                            priority=new.priority.value,
+                            input=new.input,
+                            max_tokens=new.max_tokens,
+                            deadline=new.deadline,
+                            callback_url=new.callback_url,
+                            idempotency_key=new.idempotency_key,
+                            request_hash=new.request_hash,
+                        )
+                        .on_conflict_do_nothing(
+                            index_elements=["tenant", "idempotency_key"],
+                            index_where=jobs.c.idempotency_key.is_not(None),
+                        )
+                        .returning(*jobs.c)
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if row is None:
+                return await self._replay(conn, new), False
+            job = job_from_row(row)
+            envelope = DispatchEnvelope(
+                job_id=job.id,
+                tenant=job.tenant,
+                kind=job.kind,
+                priority=job.priority,
+                max_tokens=job.max_tokens,
+                prompt_tokens=estimate_tokens(new.input),
+                deadline=job.deadline,
+            )
+            await conn.execute(
+                insert(outbox).values(
+                    topic=self._dispatch_topic, key=job.id, payload=envelope.to_bytes()
+                )
+            )
+        return job, True
+
+    async def _replay(self, conn: AsyncConnection, new: NewJob) -> Job:
+        row = (
+            (
+                await conn.execute(
+                    select(jobs).where(
+                        and_(
+                            jobs.c.tenant == new.tenant,
+                            jobs.c.idempotency_key == new.idempotency_key,
+                        )
+                    )
+                )
+            )
+            .mappings()
+            .one()
+        )
+        if row["request_hash"] != new.request_hash:
+            raise IdempotencyConflict(
+                "this Idempotency-Key was already used with a different request"
+            )
+        return job_from_row(row)
+
+    async def get(self, tenant: str, job_id: str) -> Job:
+        async with self._engine.connect() as conn:
+            row = (
+                (await conn.execute(select(jobs).where(_owned(tenant, job_id)))).mappings().first()
+            )
+        if row is None:
+            raise JobNotFound(f"no job {job_id}")
+        return job_from_row(row)
+
+    async def cancel(self, tenant: str, job_id: str) -> Job:
+        """Move a non-terminal job to ``cancelled``; a terminal one is a conflict."""
+        now = datetime.now(UTC)
+        async with self._engine.begin() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        update(jobs)
+                        .where(
+                            _owned(tenant, job_id),
+                            jobs.c.state.in_([s.value for s in CANCELLABLE_STATES]),
+                        )
+                        .values(
+                            state=JobState.CANCELLED.value,
+                            finished_at=now,
+                            updated_at=now,
+                            error={"code": "cancelled", "message": "cancelled by the caller"},
+                        )
+                        .returning(*jobs.c)
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if row is None:
+                current = (
+                    await conn.execute(select(jobs.c.state).where(_owned(tenant, job_id)))
+                ).scalar_one_or_none()
+                if current is None:
+                    raise JobNotFound(f"no job {job_id}")
+                raise JobAlreadyTerminal(f"job {job_id} is already {current}")
+            job = job_from_row(row)
+            event = JobEvent(
+                job_id=job.id,
+                tenant=job.tenant,
+                state=job.state,
+                attempt=job.attempt,
+                at=now,
+                callback_url=job.callback_url,
+                error_code="cancelled",
+            )
+            await conn.execute(
+                insert(outbox).values(
+                    topic=self._events_topic, key=job.id, payload=event.to_bytes()
+                )
+            )
+        return job
+
+    async def redispatch_unfinished(self) -> int:
+        """Queue a fresh dispatch record for every job that is not terminal.
+
+        Used when the broker is known to have lost its data (the embedded broker keeps it in
+        memory only): the jobs' old dispatch records are gone. Workers treat a second record
+        for a job as a redelivery, so a job never gets two results.
+        """
+        async with self._engine.begin() as conn:
+            rows = (
+                (
+                    await conn.execute(
+                        select(
+                            jobs.c.id,
+                            jobs.c.tenant,
+                            jobs.c.kind,
+                            jobs.c.priority,
+                            jobs.c.max_tokens,
+                            jobs.c.deadline,
+                            jobs.c.input,
+                        ).where(jobs.c.state.not_in([s.value for s in TERMINAL_STATES]))
+                    )
+                )
+                .mappings()
+                .all()
+            )
+            if not rows:
+                return 0
+            await conn.execute(
+                insert(outbox),
+                [
+                    {
+                        "topic": self._dispatch_topic,
+                        "key": str(r["id"]),
+                        "payload": DispatchEnvelope(
+                            job_id=str(r["id"]),
+                            tenant=r["tenant"],
+                            kind=r["kind"],
+                            priority=r["priority"],
+                            max_tokens=r["max_tokens"],
+                            prompt_tokens=estimate_tokens(r["input"]),
+                            deadline=r["deadline"],
+                        ).to_bytes(),
+                    }
+                    for r in rows
+                ],
+            )
+        return len(rows)
+
+
+def _owned(tenant: str, job_id: str) -> ColumnElement[bool]:
+    return and_(jobs.c.id == job_id, jobs.c.tenant == tenant)

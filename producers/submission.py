@@ -1,0 +1,76 @@
+"""Turn a submit request into a validated NewJob (deadline, limits, request hash)."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timedelta
+
+from schemas.api import SubmitJob
+from schemas.errors import InvalidRequest, PayloadTooLarge
+from schemas.jobs import NewJob
+from sluicegate.settings import Settings
+
+
+class DeadlineInPast(InvalidRequest):
+    code = "deadline_in_past"
+
+
+class DeadlineTooFar(InvalidRequest):
+    code = "deadline_too_far"
+
+
+class InputTooLarge(PayloadTooLarge):
+    code = "input_too_large"
+
+
+class MaxTokensTooLarge(InvalidRequest):
+    code = "max_tokens_too_large"
+
+
+def request_hash(body: SubmitJob) -> str:
+    """What an idempotent replay must match: the request without its key."""
+    canonical = body.model_dump_json(exclude={"idempotency_key"})
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def new_job(
+    body: SubmitJob,
+    *,
+    tenant: str,
+    header_key: str | None,
+    now: datetime,
+    settings: Settings,
+) -> NewJob:
+    if body.deadline is not None and body.ttl_s is not None:
+        raise InvalidRequest("give either deadline or ttl_s, not both")
+    if len(body.input.encode("utf-8")) > settings.max_input_bytes:
+        raise InputTooLarge(f"input is over the limit of {settings.max_input_bytes} bytes")
+    if not body.input.strip():
+        raise InvalidRequest("input is blank", details=[{"loc": ["input"], "type": "blank"}])
+    if body.max_tokens > settings.max_tokens_limit:
+        raise MaxTokensTooLarge(f"max_tokens is over the limit of {settings.max_tokens_limit}")
+    if body.deadline is not None:
+        deadline = body.deadline
+    else:
+        ttl = body.ttl_s if body.ttl_s is not None else settings.default_ttl_s
+        if ttl > settings.max_ttl_s:
+            raise DeadlineTooFar(f"ttl_s is over the limit of {settings.max_ttl_s} s")
+        deadline = now + timedelta(seconds=ttl)
+    if deadline <= now:
+        raise DeadlineInPast("the deadline has already passed")
+    if deadline > now + timedelta(seconds=settings.max_ttl_s):
+        raise DeadlineTooFar(f"the deadline is more than {settings.max_ttl_s} s away")
+    key = body.idempotency_key or header_key
+    if header_key and body.idempotency_key and header_key != body.idempotency_key:
+        raise InvalidRequest("the Idempotency-Key header and idempotency_key differ")
+    return NewJob(
+        tenant=tenant,
+        kind=body.kind,
+        input=body.input,
+        max_tokens=body.max_tokens,
+        deadline=deadline,
+        priority=body.priority,
+        callback_url=body.callback_url,
+        idempotency_key=key,
+        request_hash=request_hash(body) if key else None,
+    )

@@ -1,0 +1,1 @@
+"""Contracts shared by every Sluicegate process: pure data, no I/O."""

@@ -1,0 +1,86 @@
+"""HTTP request and response bodies."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+
+from schemas.jobs import Job, JobKind, Priority
+from schemas.states import JobState
+
+
+class SubmitJob(BaseModel):
+    """POST /v1/jobs. Give an absolute ``deadline`` or a relative ``ttl_s``, not both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: JobKind
+    input: Annotated[StrictStr, Field(min_length=1, description="The document or the prompt")]
+    max_tokens: Annotated[StrictInt, Field(ge=1, description="Most output tokens")] = 256
+    deadline: AwareDatetime | None = None
+    ttl_s: Annotated[StrictFloat | StrictInt, Field(gt=0)] | None = None
+    priority: Priority = Priority.NORMAL
+    callback_url: Annotated[StrictStr, Field(max_length=2048)] | None = None
+    idempotency_key: Annotated[StrictStr, Field(min_length=1, max_length=255)] | None = None
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: Any | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class SubmitResponse(BaseModel):
+    id: str
+    state: JobState
+    deadline: datetime
+    created_at: datetime
+    status_url: str
+
+
+class JobView(BaseModel):
+    id: str
+    tenant: str
+    kind: JobKind
+    state: JobState
+    priority: Priority
+    max_tokens: int
+    deadline: datetime
+    callback_url: str | None
+    created_at: datetime
+    updated_at: datetime
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempt: int
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    status_url: str
+
+    @classmethod
+    def of(cls, job: Job, status_url: str) -> JobView:
+        return cls(
+            id=job.id,
+            tenant=job.tenant,
+            kind=job.kind,
+            state=job.state,
+            priority=job.priority,
+            max_tokens=job.max_tokens,
+            deadline=job.deadline,
+            callback_url=job.callback_url,
+            created_at=job.created_at,
+            updated_at=job.updated_at,
+            dispatched_at=job.dispatched_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            attempt=job.attempt,
+            result=job.result,
+            error=job.error,
+            status_url=status_url,
+        )

@@ -1,0 +1,30 @@
+"""Topic, header and metric names: every shared name in one place."""
+
+from __future__ import annotations
+
+DISPATCH_TOPIC = "sluicegate.dispatch"
+EVENTS_TOPIC = "sluicegate.events"
+DEAD_LETTER_TOPIC = "sluicegate.deadletter"
+WORKER_GROUP = "sluicegate-workers"
+
+ENVELOPE_VERSION = 1
+
+HEADER_ENVELOPE_VERSION = "sluicegate-version"
+HEADER_TENANT = "X-Sluicegate-Tenant"
+HEADER_IDEMPOTENCY_KEY = "Idempotency-Key"
+HEADER_IDEMPOTENT_REPLAY = "Idempotent-Replayed"
+
+OUTBOX_CHANNEL = "sluicegate_outbox"
+DEFAULT_TENANT = "default"
+
+# Prometheus metric names (the sim-server also exposes vLLM's own names).
+M_SUBMITTED = "sluicegate_jobs_submitted_total"
+M_REFUSED = "sluicegate_requests_refused_total"
+M_RELAY_PUBLISHED = "sluicegate_outbox_published_total"
+M_RELAY_PENDING = "sluicegate_outbox_pending"
+M_JOBS_STARTED = "sluicegate_worker_jobs_started_total"
+M_JOBS_FINISHED = "sluicegate_worker_jobs_finished_total"
+M_JOBS_RUNNING = "sluicegate_worker_jobs_running"
+M_TOKENS_DECODED = "sluicegate_worker_tokens_decoded_total"
+M_JOB_SECONDS = "sluicegate_job_latency_seconds"
+M_DEAD_LETTERED = "sluicegate_dead_lettered_total"

@@ -1,0 +1,45 @@
+"""Versioned JSON envelopes carried on the Kafka topics."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.jobs import JobKind, Priority
+from schemas.states import JobState
+
+
+class _Envelope(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    v: Literal[1] = 1
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json().encode("utf-8")
+
+
+class DispatchEnvelope(_Envelope):
+    """One job to run. The input stays in PostgreSQL; the worker reads it when it claims."""
+
+    type: Literal["dispatch"] = "dispatch"
+    job_id: str
+    tenant: str
+    kind: JobKind
+    priority: Priority
+    max_tokens: int = Field(ge=1)
+    prompt_tokens: int = Field(ge=1)
+    deadline: datetime
+
+
+class JobEvent(_Envelope):
+    """A state change of a job, emitted through the outbox after it is committed."""
+
+    type: Literal["job.state"] = "job.state"
+    job_id: str
+    tenant: str
+    state: JobState
+    attempt: int
+    at: datetime
+    callback_url: str | None = None
+    error_code: str | None = None

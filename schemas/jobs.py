@@ -1,0 +1,87 @@
+"""The job model: kinds, priorities and the frozen records passed between layers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from schemas.states import JobState
+
+
+class JobKind(StrEnum):
+    SUMMARIZE = "summarize"  # input is a document; the result is its summary
+    COMPLETE = "complete"  # input is a prompt; the result is its completion
+
+
+class Priority(StrEnum):
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+
+
+def estimate_tokens(text: str) -> int:
+    """Engine-neutral token estimate used for admission and KV reservation (~4 chars/token)."""
+    return max(1, (len(text.encode("utf-8")) + 3) // 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewJob:
+    """A validated submission, ready to be written with its outbox row."""
+
+    tenant: str
+    kind: JobKind
+    input: str
+    max_tokens: int
+    deadline: datetime
+    priority: Priority
+    callback_url: str | None
+    idempotency_key: str | None
+    request_hash: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """A job as stored."""
+
+    id: str
+    tenant: str
+    kind: JobKind
+    state: JobState
+    priority: Priority
+    max_tokens: int
+    deadline: datetime
+    callback_url: str | None
+    idempotency_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempt: int
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+
+
+def job_from_row(row: Mapping[Any, Any]) -> Job:
+    return Job(
+        id=str(row["id"]),
+        tenant=row["tenant"],
+        kind=JobKind(row["kind"]),
+        state=JobState(row["state"]),
+        priority=Priority(row["priority"]),
+        max_tokens=row["max_tokens"],
+        deadline=row["deadline"],
+        callback_url=row["callback_url"],
+        idempotency_key=row["idempotency_key"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        dispatched_at=row["dispatched_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        attempt=row["attempt"],
+        result=row["result"],
+        error=row["error"],
+    )

@@ -1,0 +1,65 @@
+"""One frozen settings object, built once per entry point and passed down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from platformdirs import user_data_path
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas import constants
+
+
+def default_data_dir() -> Path:
+    return user_data_path("sluicegate", appauthor=False)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SLUICEGATE_", frozen=True, extra="ignore")
+
+    # Services. None means: start the embedded one (sluicegate up / demo only).
+    database_url: str | None = None
+    kafka_bootstrap_servers: str | None = None
+    data_dir: Path = Field(default_factory=default_data_dir)
+
+    # Kafka
+    dispatch_topic: str = constants.DISPATCH_TOPIC
+    events_topic: str = constants.EVENTS_TOPIC
+    dead_letter_topic: str = constants.DEAD_LETTER_TOPIC
+    consumer_group: str = constants.WORKER_GROUP
+    partitions: int = Field(default=4, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    # Apache Kafka supports the idempotent producer; the embedded Tansu broker does not.
+    kafka_idempotent_producer: bool = True
+
+    # API
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    max_input_bytes: int = Field(default=262_144, ge=1)
+    max_tokens_limit: int = Field(default=8192, ge=1)
+    default_ttl_s: float = Field(default=3600.0, gt=0)
+    max_ttl_s: float = Field(default=7 * 86400.0, gt=0)
+
+    # Outbox relay
+    relay_batch_size: int = Field(default=500, ge=1)
+    relay_idle_poll_s: float = Field(default=1.0, gt=0)
+
+    # Workers
+    engine: Literal["sim"] = "sim"
+    worker_concurrency: int = Field(default=4, ge=1)
+    sim_token_time_s: float = Field(default=0.002, ge=0)
+    sim_prefill_token_time_s: float = Field(default=0.00002, ge=0)
+    drain_timeout_s: float = Field(default=20.0, gt=0)
+
+    def require_database_url(self) -> str:
+        if not self.database_url:
+            raise RuntimeError("SLUICEGATE_DATABASE_URL is not set")
+        return self.database_url
+
+    def require_kafka(self) -> str:
+        if not self.kafka_bootstrap_servers:
+            raise RuntimeError("SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS is not set")
+        return self.kafka_bootstrap_servers

@@ -1,0 +1,1 @@
+"""The egress side: KV-gated consumers, engines, result writing."""
