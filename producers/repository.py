@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import uuid_utils
@@ -215,3 +217,51 @@ class JobRepository:
 
 def _owned(tenant: str, job_id: str) -> ColumnElement[bool]:
     return and_(jobs.c.id == job_id, jobs.c.tenant == tenant)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutboxRow:
+    id: int
+    topic: str
+    key: str
+    payload: bytes
+
+
+Publish = Callable[[list[OutboxRow]], Awaitable[None]]
+
+
+class OutboxStore:
+    """The outbox relay's queries. Rows stay locked while they are being published."""
+
+    def __init__(self, engine: AsyncEngine, *, dispatch_topic: str) -> None:
+        self._engine = engine
+        self._dispatch_topic = dispatch_topic
+
+    async def publish_batch(self, limit: int, publish: Publish) -> int:
+        """Lock up to ``limit`` unpublished rows, publish them, mark them; all or nothing."""
+        async with self._engine.begin() as conn:
+            found = (
+                await conn.execute(
+                    select(outbox.c.id, outbox.c.topic, outbox.c.key, outbox.c.payload)
+                    .where(outbox.c.published_at.is_(None))
+                    .order_by(outbox.c.id)
+                    .limit(limit)
+                    .with_for_update(skip_locked=True)
+                )
+            ).all()
+            if not found:
+                return 0
+            rows = [OutboxRow(id=r.id, topic=r.topic, key=r.key, payload=r.payload) for r in found]
+            await publish(rows)
+            now = datetime.now(UTC)
+            await conn.execute(
+                update(outbox).where(outbox.c.id.in_([r.id for r in rows])).values(published_at=now)
+            )
+            dispatched = [r.key for r in rows if r.topic == self._dispatch_topic]
+            if dispatched:
+                await conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id.in_(dispatched), jobs.c.state == JobState.QUEUED.value)
+                    .values(state=JobState.DISPATCHED.value, dispatched_at=now, updated_at=now)
+                )
+        return len(rows)

@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     database_url: str | None = None
     kafka_bootstrap_servers: str | None = None
     data_dir: Path = Field(default_factory=default_data_dir)
+    log_level: str = "INFO"
+    # Serve Prometheus metrics of a relay or worker process on this port (None: off).
+    metrics_port: int | None = None
 
     # Kafka
     dispatch_topic: str = constants.DISPATCH_TOPIC
@@ -46,6 +49,7 @@ class Settings(BaseSettings):
     # Outbox relay
     relay_batch_size: int = Field(default=500, ge=1)
     relay_idle_poll_s: float = Field(default=1.0, gt=0)
+    relay_send_timeout_s: float = Field(default=15.0, gt=0)
 
     # Workers
     engine: Literal["sim"] = "sim"
@@ -53,6 +57,13 @@ class Settings(BaseSettings):
     sim_token_time_s: float = Field(default=0.002, ge=0)
     sim_prefill_token_time_s: float = Field(default=0.00002, ge=0)
     drain_timeout_s: float = Field(default=20.0, gt=0)
+
+    def topic_partitions(self) -> dict[str, int]:
+        return {
+            self.dispatch_topic: self.partitions,
+            self.events_topic: self.partitions,
+            self.dead_letter_topic: 1,
+        }
 
     def require_database_url(self) -> str:
         if not self.database_url:

@@ -1,0 +1,105 @@
+"""The outbox relay: the only writer to the dispatch topic.
+
+It wakes on the outbox trigger's NOTIFY (with a slow fallback poll), publishes unpublished
+rows in id order, waits for the broker's acknowledgement of every record, and only then marks
+the rows published. A crash between the two re-publishes; workers treat a repeated dispatch
+record as a redelivery, never as a second job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from sqlalchemy.exc import DBAPIError
+
+from producers.metrics import RELAY_PUBLISHED
+from producers.repository import OutboxRow, OutboxStore
+from schemas import constants
+from sluicegate.aio import wait_first
+from sluicegate.db import libpq_url
+from sluicegate.kafka import ensure_topics
+from sluicegate.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 5.0
+
+
+class OutboxRelay:
+    def __init__(self, settings: Settings, store: OutboxStore, producer: AIOKafkaProducer) -> None:
+        self._settings = settings
+        self._store = store
+        self._producer = producer
+        self._wake = asyncio.Event()
+        self._listener: asyncpg.Connection | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = 0.1
+        try:
+            while not stop.is_set():
+                await self._listen()
+                self._wake.clear()
+                try:
+                    published = await self._store.publish_batch(
+                        self._settings.relay_batch_size, self._publish
+                    )
+                except (KafkaError, TimeoutError, OSError, DBAPIError) as exc:
+                    log.warning("relay: publish failed, retrying in %.1fs: %r", backoff, exc)
+                    await wait_first(stop, limit_s=backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    await self._ensure_topics()
+                    continue
+                backoff = 0.1
+                if published < self._settings.relay_batch_size:
+                    await wait_first(stop, self._wake, limit_s=self._settings.relay_idle_poll_s)
+        finally:
+            await self._unlisten()
+
+    async def _publish(self, rows: list[OutboxRow]) -> None:
+        async with asyncio.timeout(self._settings.relay_send_timeout_s):
+            acks = [
+                await self._producer.send(row.topic, row.payload, key=row.key.encode())
+                for row in rows
+            ]
+            await asyncio.gather(*acks)
+        for row in rows:
+            RELAY_PUBLISHED.labels(topic=row.topic).inc()
+
+    async def _ensure_topics(self) -> None:
+        s = self._settings
+        try:
+            await ensure_topics(
+                s.require_kafka(),
+                s.topic_partitions(),
+                replication_factor=s.replication_factor,
+            )
+        except (KafkaError, OSError, TimeoutError) as exc:
+            log.warning("relay: cannot ensure topics yet: %r", exc)
+
+    async def _listen(self) -> None:
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        try:
+            self._listener = await asyncpg.connect(
+                libpq_url(self._settings.require_database_url()), timeout=5
+            )
+            await self._listener.add_listener(constants.OUTBOX_CHANNEL, self._notified)
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            log.warning("relay: LISTEN unavailable, polling: %r", exc)
+            self._listener = None
+        else:
+            self._wake.set()  # rows may have arrived while we were not listening
+
+    async def _unlisten(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close(timeout=2)
+            self._listener = None
+
+    def _notified(self, *_: object) -> None:
+        self._wake.set()
