@@ -22,7 +22,7 @@ from producers.repository import OutboxRow, OutboxStore
 from schemas import constants
 from sluicegate.aio import wait_first
 from sluicegate.db import libpq_url
-from sluicegate.kafka import ensure_topics
+from sluicegate.kafka import close_client, ensure_topics, make_producer
 from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -31,10 +31,10 @@ MAX_BACKOFF_S = 5.0
 
 
 class OutboxRelay:
-    def __init__(self, settings: Settings, store: OutboxStore, producer: AIOKafkaProducer) -> None:
+    def __init__(self, settings: Settings, store: OutboxStore) -> None:
         self._settings = settings
         self._store = store
-        self._producer = producer
+        self._producer: AIOKafkaProducer | None = None
         self._wake = asyncio.Event()
         self._listener: asyncpg.Connection | None = None
 
@@ -45,41 +45,56 @@ class OutboxRelay:
                 await self._listen()
                 self._wake.clear()
                 try:
+                    await self._connect()
                     published = await self._store.publish_batch(
                         self._settings.relay_batch_size, self._publish
                     )
                 except (KafkaError, TimeoutError, OSError, DBAPIError) as exc:
                     log.warning("relay: publish failed, retrying in %.1fs: %r", backoff, exc)
+                    await self._disconnect()
                     await wait_first(stop, limit_s=backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF_S)
-                    await self._ensure_topics()
                     continue
                 backoff = 0.1
                 if published < self._settings.relay_batch_size:
                     await wait_first(stop, self._wake, limit_s=self._settings.relay_idle_poll_s)
         finally:
+            await self._disconnect()
             await self._unlisten()
 
+    async def _connect(self) -> AIOKafkaProducer:
+        """Topics first, then a producer: a producer that sends to a missing topic makes the
+        broker auto-create it (aiokafka always allows that), with the broker's defaults."""
+        if self._producer is None:
+            s = self._settings
+            await ensure_topics(
+                s.require_kafka(), s.topic_partitions(), replication_factor=s.replication_factor
+            )
+            producer = make_producer(s.require_kafka(), idempotent=s.kafka_idempotent_producer)
+            try:
+                await producer.start()
+            except BaseException:
+                await close_client(producer)
+                raise
+            self._producer = producer
+        return self._producer
+
+    async def _disconnect(self) -> None:
+        """Drop the producer and whatever it still holds: after an outage, nothing may be
+        sent before the topics are known to exist again."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await close_client(producer)
+
     async def _publish(self, rows: list[OutboxRow]) -> None:
+        producer = await self._connect()
         async with asyncio.timeout(self._settings.relay_send_timeout_s):
             acks = [
-                await self._producer.send(row.topic, row.payload, key=row.key.encode())
-                for row in rows
+                await producer.send(row.topic, row.payload, key=row.key.encode()) for row in rows
             ]
             await asyncio.gather(*acks)
         for row in rows:
             RELAY_PUBLISHED.labels(topic=row.topic).inc()
-
-    async def _ensure_topics(self) -> None:
-        s = self._settings
-        try:
-            await ensure_topics(
-                s.require_kafka(),
-                s.topic_partitions(),
-                replication_factor=s.replication_factor,
-            )
-        except (KafkaError, OSError, TimeoutError) as exc:
-            log.warning("relay: cannot ensure topics yet: %r", exc)
 
     async def _listen(self) -> None:
         if self._listener is not None and not self._listener.is_closed():

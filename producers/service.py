@@ -6,17 +6,13 @@ import asyncio
 import logging
 
 import uvicorn
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
 from fastapi import FastAPI
 from prometheus_client import start_http_server
 
 from producers.api import create_app
 from producers.relay import OutboxRelay
 from producers.repository import OutboxStore
-from sluicegate.aio import wait_first
 from sluicegate.db import make_engine
-from sluicegate.kafka import ensure_topics, make_producer
 from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,42 +43,12 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
     )
 
 
-async def start_producer(settings: Settings, stop: asyncio.Event) -> AIOKafkaProducer | None:
-    """Start a producer, waiting out a broker that is not up yet; None if stopped first."""
-    backoff = 0.2
-    while not stop.is_set():
-        producer = make_producer(
-            settings.require_kafka(), idempotent=settings.kafka_idempotent_producer
-        )
-        try:
-            await producer.start()
-            await ensure_topics(
-                settings.require_kafka(),
-                settings.topic_partitions(),
-                replication_factor=settings.replication_factor,
-            )
-        except (KafkaError, OSError) as exc:
-            await producer.stop()
-            log.warning("broker unavailable, retrying in %.1fs: %r", backoff, exc)
-            await wait_first(stop, limit_s=backoff)
-            backoff = min(backoff * 2, 5.0)
-            continue
-        return producer
-    return None
-
-
 async def run_relay(settings: Settings, stop: asyncio.Event) -> None:
     if settings.metrics_port is not None:
         start_http_server(settings.metrics_port)
     db = make_engine(settings.require_database_url(), pool_size=2)
     try:
-        producer = await start_producer(settings, stop)
-        if producer is None:
-            return
-        try:
-            store = OutboxStore(db, dispatch_topic=settings.dispatch_topic)
-            await OutboxRelay(settings, store, producer).run(stop)
-        finally:
-            await producer.stop()
+        store = OutboxStore(db, dispatch_topic=settings.dispatch_topic)
+        await OutboxRelay(settings, store).run(stop)
     finally:
         await db.dispose()

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from schemas.envelopes import DispatchEnvelope
 from sluicegate.aio import wait_first
+from sluicegate.kafka import cluster_id
 from workers.engines.base import InferenceEngine
 from workers.execution import Executor
 from workers.metrics import DEAD_LETTERED, JOBS_RUNNING
@@ -38,15 +39,19 @@ class Worker:
         engine: InferenceEngine,
         executor: Executor,
         topic: str,
+        bootstrap: str,
         drain_timeout_s: float,
     ) -> None:
         self._consumer = consumer
         self._engine = engine
         self._executor = executor
         self._topic = topic
+        self._bootstrap = bootstrap
+        self._cluster: str | None = None
         self._drain_timeout_s = drain_timeout_s
         self._offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         self._tasks: dict[asyncio.Task[None], TopicPartition] = {}
+        self._jobs: dict[asyncio.Task[None], str] = {}
         self._changed = asyncio.Event()
         self._commit_lock = asyncio.Lock()
         self._paused = False
@@ -56,7 +61,8 @@ class Worker:
         return len(self._tasks)
 
     async def run(self, stop: asyncio.Event) -> None:
-        self._consumer.subscribe([self._topic], listener=_Revoke(self))
+        self._cluster = await cluster_id(self._bootstrap)
+        self._consumer.subscribe([self._topic], listener=_Rebalance(self))
         try:
             while not stop.is_set():
                 free = self._engine.capacity().total_slots - self.running
@@ -84,13 +90,21 @@ class Worker:
             log.error("undecodable record %s@%d skipped: %s", tp, record.offset, exc)
             self._offsets.finished(tp, record.offset)
             return
+        if envelope.job_id in self._jobs.values():
+            # A repeated dispatch record (the relay re-sends after an unacknowledged batch)
+            # of a job this worker is running: the first record's offset holds the watermark.
+            log.info("job %s is already running here; duplicate record skipped", envelope.job_id)
+            self._offsets.finished(tp, record.offset)
+            return
         task = asyncio.create_task(self._executor.run(envelope), name=f"job-{envelope.job_id}")
         self._tasks[task] = tp
+        self._jobs[task] = envelope.job_id
         JOBS_RUNNING.set(self.running)
         task.add_done_callback(lambda t: self._done(t, record.offset))
 
     def _done(self, task: asyncio.Task[None], offset: int) -> None:
         tp = self._tasks.pop(task)
+        self._jobs.pop(task, None)
         JOBS_RUNNING.set(self.running)
         self._changed.set()
         if task.cancelled():
@@ -121,12 +135,34 @@ class Worker:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        await self.commit()
+        if await self._same_log():
+            await self.commit()
         for tp in partitions:
             self._offsets.forget(tp)
 
+    async def _same_log(self) -> bool:
+        """False when the broker's cluster id changed: the log our offsets index is gone.
+
+        Apache Kafka keeps its id for life; the embedded in-memory broker gets a new one on
+        every start, and committing positions from the lost log would skip new records.
+        """
+        try:
+            current = await cluster_id(self._bootstrap)
+        except (KafkaError, OSError) as exc:
+            log.warning("cannot read the cluster id, not committing now: %r", exc)
+            return False
+        if current == self._cluster:
+            return True
+        log.error(
+            "the broker's log was replaced (%s -> %s); dropping offsets", self._cluster, current
+        )
+        self._cluster = current
+        self._offsets = OffsetTracker()
+        return False
+
     def assigned(self) -> None:
-        """A new assignment starts unpaused; the loop pauses again if it must."""
+        """A new assignment starts unpaused (positions come from the committed offsets);
+        the loop pauses again if it must."""
         self._paused = False
 
     def _pause(self) -> None:
@@ -144,7 +180,7 @@ class Worker:
             await self.finish_partitions(set(self._tasks.values()))
 
 
-class _Revoke(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
 

@@ -1,0 +1,163 @@
+"""The ``sluicegate`` command: the composition root, and the only module that imports both
+``producers`` and ``workers``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from producers import demo, service
+from producers.client import ApiError, SluicegateClient
+from producers.repository import JobRepository
+from schemas.jobs import JobKind
+from sluicegate import migrate
+from sluicegate.db import make_engine
+from sluicegate.process import configure_logging, run_until_signal
+from sluicegate.samples import sample_documents
+from sluicegate.settings import Settings
+from sluicegate.stack import Stack
+from workers.service import run_worker
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluicegate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run the whole stack in the foreground")
+    up.add_argument("--workers", type=int, default=2, help="sim workers (default 2; 0 allowed)")
+
+    dm = sub.add_parser("demo", help="run the stack, summarize documents, print the results")
+    dm.add_argument("dir", nargs="?", type=Path, help="documents (default: bundled samples)")
+    dm.add_argument("--workers", type=int, default=2)
+
+    sm = sub.add_parser("submit", help="submit documents to a running stack")
+    sm.add_argument("files", nargs="+", type=Path)
+    sm.add_argument("--api", default=None, help="API base URL (default: from settings)")
+    sm.add_argument("--max-tokens", type=int, default=256)
+    sm.add_argument("--ttl", type=float, default=None, help="seconds until the deadline")
+
+    api = sub.add_parser("api", help="serve the HTTP API")
+    api.add_argument("--host", default=None)
+    api.add_argument("--port", type=int, default=None)
+    api.add_argument("--workers", type=int, default=1, help="API processes")
+
+    sub.add_parser("relay", help="run the outbox relay")
+    sub.add_parser("worker", help="run one worker")
+    sub.add_parser("migrate", help="upgrade the database to the newest schema")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    settings = Settings()
+    configure_logging(settings)
+    command = args.command
+    if command == "up":
+        _check_workers(args.workers)
+        run_until_signal(lambda stop: _up(settings, args.workers, stop))
+    elif command == "demo":
+        _check_workers(args.workers, at_least=1)
+        docs = demo.read_documents([args.dir]) if args.dir else sample_documents()
+        if not docs:
+            sys.exit(f"no documents found in {args.dir}")
+        run_until_signal(lambda stop: _demo(settings, args.workers, docs, stop))
+    elif command == "submit":
+        api_url = args.api or f"http://{settings.api_host}:{settings.api_port}"
+        sys.exit(asyncio.run(_submit(api_url, args.files, args.max_tokens, args.ttl)))
+    elif command == "api":
+        overrides = {"api_host": args.host, "api_port": args.port}
+        settings = settings.model_copy(update={k: v for k, v in overrides.items() if v})
+        service.serve_api(settings, processes=args.workers)
+    elif command == "relay":
+        run_until_signal(lambda stop: service.run_relay(settings, stop))
+    elif command == "worker":
+        run_until_signal(lambda stop: run_worker(settings, stop))
+    elif command == "migrate":
+        migrate.upgrade(settings.require_database_url())
+
+
+def _check_workers(count: int, at_least: int = 0) -> None:
+    if count < at_least:
+        sys.exit(f"--workers must be at least {at_least}")
+
+
+async def _redispatch(stack: Stack) -> None:
+    """An in-memory broker started empty: give every unfinished job a new dispatch record."""
+    db = make_engine(stack.database_url, pool_size=1)
+    try:
+        repo = JobRepository(
+            db,
+            dispatch_topic=stack.settings.dispatch_topic,
+            events_topic=stack.settings.events_topic,
+        )
+        await repo.redispatch_unfinished()
+    finally:
+        await db.dispose()
+
+
+async def _start(stack: Stack) -> None:
+    stack.on_fresh_broker = lambda: _redispatch(stack)
+    await stack.start_services()
+    if stack.fresh_broker:
+        await _redispatch(stack)
+    await stack.start_processes()
+
+
+async def _up(settings: Settings, workers: int, stop: asyncio.Event) -> None:
+    stack = Stack(settings, workers=workers)
+    console = Console()
+    try:
+        await _start(stack)
+        console.print(
+            f"[bold]sluicegate is up[/bold]\n"
+            f"  API       {stack.api_url}  (docs: {stack.api_url}/docs)\n"
+            f"  database  {stack.database_url}\n"
+            f"  kafka     {stack.bootstrap}\n"
+            f"  workers   {workers}\n"
+            f"  data      {settings.data_dir}\n"
+            "Ctrl-C or SIGTERM stops everything."
+        )
+        await stack.supervise(stop)
+    finally:
+        await stack.stop()
+        console.print("sluicegate stopped")
+
+
+async def _demo(
+    settings: Settings, workers: int, docs: list[tuple[str, str]], stop: asyncio.Event
+) -> None:
+    stack = Stack(settings, workers=workers, log_dir=settings.data_dir / "logs")
+    console = Console()
+    try:
+        with console.status("starting the local stack (PostgreSQL, broker, API, workers)"):
+            await _start(stack)
+        run = asyncio.ensure_future(demo.run_demo(stack.api_url, docs, console=console))
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([run, stopper], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not run.done():
+            run.cancel()
+            raise SystemExit(130)
+        jobs = run.result()
+        console.print(f"{len(jobs)} jobs terminal; logs in {settings.data_dir / 'logs'}")
+    finally:
+        await stack.stop()
+
+
+async def _submit(api_url: str, files: list[Path], max_tokens: int, ttl: float | None) -> int:
+    docs = demo.read_documents(files)
+    async with SluicegateClient(api_url) as client:
+        for name, text in docs:
+            try:
+                answer = await client.submit(
+                    JobKind.SUMMARIZE, text, max_tokens=max_tokens, ttl_s=ttl
+                )
+            except ApiError as exc:
+                print(f"{name}: refused: {exc}", file=sys.stderr)
+                return 1
+            print(f"{name}\t{answer.id}\t{api_url}{answer.status_url}")
+    return 0

@@ -1,0 +1,204 @@
+"""The local stack: embedded services and the Sluicegate processes, supervised together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from sluicegate import migrate
+from sluicegate.embedded import EmbeddedBroker, EmbeddedPostgres
+from sluicegate.kafka import ensure_topics
+from sluicegate.settings import Settings
+
+log = logging.getLogger(__name__)
+
+RESTART_BACKOFF_S = 1.0
+STOP_GRACE_S = 5.0
+
+
+@dataclass
+class Child:
+    role: str
+    args: list[str]
+    process: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+
+
+@dataclass
+class Stack:
+    """Starts PostgreSQL and a broker when none is configured, then the processes."""
+
+    settings: Settings
+    workers: int = 2
+    log_dir: Path | None = None  # None: children write to our stdout/stderr
+    database_url: str = ""
+    bootstrap: str = ""
+    fresh_broker: bool = False
+    # Called when an embedded broker starts empty, before the relay and workers (re)start.
+    on_fresh_broker: Callable[[], Awaitable[None]] | None = None
+    _postgres: EmbeddedPostgres | None = None
+    _broker: EmbeddedBroker | None = None
+    _children: list[Child] = field(default_factory=list)
+    _logs: list[IO[bytes]] = field(default_factory=list)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.settings.api_port}"
+
+    async def start_services(self) -> None:
+        """PostgreSQL, the broker, migrations and topics."""
+        data_dir = self.settings.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        if self.settings.database_url:
+            self.database_url = self.settings.database_url
+        else:
+            self._postgres = EmbeddedPostgres(data_dir / "postgres")
+            await asyncio.to_thread(self._postgres.start)
+            self.database_url = self._postgres.url
+        await migrate.upgrade_async(self.database_url)
+        if self.settings.kafka_bootstrap_servers:
+            self.bootstrap = self.settings.kafka_bootstrap_servers
+        else:
+            self._broker = EmbeddedBroker(log_path=data_dir / "broker.log")
+            await self._broker.start()
+            self.bootstrap = self._broker.bootstrap
+            self.fresh_broker = True  # memory storage: it starts empty every time
+        await ensure_topics(
+            self.bootstrap,
+            self.settings.topic_partitions(),
+            replication_factor=self.settings.replication_factor,
+        )
+
+    def child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SLUICEGATE_DATABASE_URL"] = self.database_url
+        env["SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS"] = self.bootstrap
+        if self._broker is not None:
+            env["SLUICEGATE_KAFKA_IDEMPOTENT_PRODUCER"] = "false"
+        env["SLUICEGATE_DATA_DIR"] = str(self.settings.data_dir)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    async def start_processes(self) -> None:
+        self._children = [
+            Child("api", ["api"]),
+            Child("relay", ["relay"]),
+            *(Child(f"worker-{i + 1}", ["worker"]) for i in range(self.workers)),
+        ]
+        for child in self._children:
+            await self._spawn(child)
+        await self._wait_api_ready()
+
+    async def _spawn(self, child: Child) -> None:
+        out: IO[bytes] | None = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{child.role}.log", "ab")  # noqa: ASYNC230, SIM115 (kept open)
+            self._logs.append(out)
+        child.process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "sluicegate",
+            *child.args,
+            env=self.child_env(),
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT if out is not None else None,
+            start_new_session=True,  # our signals reach them only through us
+        )
+
+    async def _wait_api_ready(self, timeout_s: float = 30.0) -> None:
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    api = self._children[0].process
+                    if api is not None and api.returncode is not None:
+                        raise RuntimeError(f"the API exited with code {api.returncode}")
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await http.get(f"{self.api_url}/healthz")).status_code == 200:
+                            return
+                    await asyncio.sleep(0.1)
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """Restart a process that dies on its own, and the broker, until ``stop`` is set."""
+        broker_exit: asyncio.Future[Any] | None = None
+        while not stop.is_set():
+            waits: dict[asyncio.Future[Any], Child | None] = {
+                asyncio.ensure_future(c.process.wait()): c
+                for c in self._children
+                if c.process is not None
+            }
+            if self._broker is not None:
+                if broker_exit is None or broker_exit.done():
+                    broker_exit = asyncio.ensure_future(asyncio.to_thread(self._broker.wait))
+                waits[broker_exit] = None
+            stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+            every = [stopper, *waits]
+            done, _ = await asyncio.wait(every, return_when=asyncio.FIRST_COMPLETED)
+            for future in every:
+                if future is not broker_exit:
+                    future.cancel()
+            if stop.is_set():
+                return
+            for future in done:
+                child = waits[future]
+                if child is None:
+                    await self._replace_broker()
+                    break
+                child.restarts += 1
+                code = child.process.returncode if child.process else None
+                log.warning("%s exited with %s; restarting", child.role, code)
+                await asyncio.sleep(RESTART_BACKOFF_S)
+                await self._spawn(child)
+
+    async def _replace_broker(self) -> None:
+        """The embedded broker died and took every record and offset with it: start a new
+        one, restart the relay and the workers (their positions and commit points belong to
+        the lost log), and give every unfinished job a fresh dispatch record."""
+        assert self._broker is not None
+        log.error("the embedded broker exited; restarting it with an empty log")
+        pipeline = [c for c in self._children if c.role != "api"]
+        await self._terminate([c.process for c in pipeline if c.process is not None])
+        await self._broker.restart()
+        await ensure_topics(
+            self.bootstrap,
+            self.settings.topic_partitions(),
+            replication_factor=self.settings.replication_factor,
+        )
+        if self.on_fresh_broker is not None:
+            await self.on_fresh_broker()
+        for child in pipeline:
+            await self._spawn(child)
+
+    async def stop(self) -> None:
+        """SIGTERM every process, give them time to drain, then stop the services."""
+        await self._terminate([c.process for c in self._children if c.process is not None])
+        for out in self._logs:
+            out.close()
+        if self._broker is not None:
+            await asyncio.to_thread(self._broker.stop)
+        if self._postgres is not None:
+            await asyncio.to_thread(self._postgres.stop)
+
+    async def _terminate(self, processes: list[asyncio.subprocess.Process]) -> None:
+        running = [p for p in processes if p.returncode is None]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        grace = self.settings.drain_timeout_s + STOP_GRACE_S
+        for process in running:
+            try:
+                await asyncio.wait_for(process.wait(), grace)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()

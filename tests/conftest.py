@@ -1,0 +1,154 @@
+"""Real services for every integration test.
+
+Each service comes from, in order: an explicit URL in the environment, testcontainers when a
+Docker engine answers, else the embedded stack. Every test gets its own database (a clone of
+a migrated template), its own topics and its own consumer group.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+
+from sluicegate import migrate
+from sluicegate.db import libpq_url
+from sluicegate.embedded import EmbeddedBroker, EmbeddedPostgres
+from sluicegate.kafka import ensure_topics
+from sluicegate.settings import Settings
+
+
+@functools.cache
+def _docker_answers() -> bool:
+    """Whether a Docker engine answers /_ping on its socket (testcontainers needs one)."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        return True  # a remote engine was configured explicitly: let testcontainers try
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2)
+            sock.connect(host.removeprefix("unix://"))
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            return b" 200 " in sock.recv(64)
+    except OSError:
+        return False
+
+
+def _with_database(url: str, name: str) -> str:
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A plain postgresql:// URL to a maintenance database of a real server."""
+    if url := os.environ.get("SLUICEGATE_TEST_DATABASE_URL"):
+        yield libpq_url(url)
+    elif _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:16", driver=None) as container:
+            yield libpq_url(container.get_connection_url())
+    else:
+        server = EmbeddedPostgres(tmp_path_factory.mktemp("postgres"))
+        server.start()
+        try:
+            yield server.admin_url
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+async def template_database(pg_admin_url: str) -> AsyncIterator[str]:
+    """A database migrated to head, cloned for every test."""
+    name = f"sluicegate_template_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(pg_admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        await migrate.upgrade_async(_with_database(pg_admin_url, name))
+        yield name
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture
+async def database_url(pg_admin_url: str, template_database: str) -> AsyncIterator[str]:
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+        yield _with_database(pg_admin_url, name)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_is_tansu() -> bool:
+    if os.environ.get("SLUICEGATE_TEST_KAFKA_BOOTSTRAP"):
+        return os.environ.get("SLUICEGATE_TEST_KAFKA_IS_TANSU") == "1"
+    return not _docker_answers()
+
+
+@pytest.fixture(scope="session")
+async def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    if bootstrap := os.environ.get("SLUICEGATE_TEST_KAFKA_BOOTSTRAP"):
+        yield bootstrap
+    elif _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer().with_kraft() as container:
+            yield container.get_bootstrap_server()
+    else:
+        broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("broker") / "broker.log")
+        await broker.start()
+        try:
+            yield broker.bootstrap
+        finally:
+            broker.stop()
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def settings(
+    database_url: str,
+    kafka_bootstrap: str,
+    kafka_is_tansu: bool,
+    topic_prefix: str,
+    tmp_path: Path,
+) -> Settings:
+    s = Settings(
+        database_url=database_url,
+        kafka_bootstrap_servers=kafka_bootstrap,
+        dispatch_topic=f"{topic_prefix}.dispatch",
+        events_topic=f"{topic_prefix}.events",
+        dead_letter_topic=f"{topic_prefix}.deadletter",
+        consumer_group=f"{topic_prefix}-workers",
+        kafka_idempotent_producer=not kafka_is_tansu,
+        partitions=4,
+        data_dir=tmp_path,
+    )
+    await ensure_topics(kafka_bootstrap, s.topic_partitions())
+    return s
+
+
+@pytest.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[EmbeddedBroker]:
+    """A broker of the test's own, to kill and restart."""
+    own = EmbeddedBroker(log_path=tmp_path / "broker.log")
+    await own.start()
+    try:
+        yield own
+    finally:
+        own.stop()

@@ -1,0 +1,99 @@
+"""Start ``sluicegate up`` as a user would: a separate process, driven over HTTP."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+import psutil
+
+from sluicegate.embedded import free_port
+
+STARTUP_S = 90
+
+
+@dataclass
+class RunningStack:
+    process: subprocess.Popen[str]
+    api_url: str
+    log: IO[str]
+    database_url: str = ""
+    bootstrap: str = ""
+    output: list[str] = field(default_factory=list)
+    descendants: list[psutil.Process] = field(default_factory=list)
+
+    def stop(self, timeout_s: float = 60) -> int:
+        self.descendants = psutil.Process(self.process.pid).children(recursive=True)
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        finally:
+            self.log.close()
+
+
+def start_stack(
+    data_dir: Path, *, workers: int, extra_env: dict[str, str] | None = None
+) -> RunningStack:
+    port = free_port()
+    env = {
+        **os.environ,
+        "SLUICEGATE_DATA_DIR": str(data_dir),
+        "SLUICEGATE_API_PORT": str(port),
+        "PYTHONUNBUFFERED": "1",
+        "COLUMNS": "200",
+        **(extra_env or {}),
+    }
+    for key in ("SLUICEGATE_DATABASE_URL", "SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS"):
+        env.pop(key, None)
+    out = data_dir / "up.out"
+    seen = out.stat().st_size if out.exists() else 0  # a restart appends to the same file
+    log = open(out, "a")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sluicegate", "up", "--workers", str(workers)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    stack = RunningStack(process=process, api_url=f"http://127.0.0.1:{port}", log=log)
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        text = out.read_text()[seen:]
+        if "sluicegate is up" in text:
+            stack.database_url = re.search(r"database\s+(\S+)", text).group(1)
+            stack.bootstrap = re.search(r"kafka\s+(\S+)", text).group(1)
+            return stack
+        if process.poll() is not None:
+            break
+        time.sleep(0.2)
+    process.kill()
+    process.wait()
+    log.close()
+    raise AssertionError(f"sluicegate up did not start:\n{(data_dir / 'up.out').read_text()}")
+
+
+def wait_terminal(
+    api_url: str, ids: list[str], timeout_s: float = 120
+) -> dict[str, dict[str, object]]:
+    views: dict[str, dict[str, object]] = {}
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=api_url, timeout=10) as client:
+        while time.monotonic() < deadline:
+            for job_id in ids:
+                if job_id in views:
+                    continue
+                view = client.get(f"/v1/jobs/{job_id}").json()
+                if view["state"] in {"succeeded", "failed", "expired", "cancelled", "abandoned"}:
+                    views[job_id] = view
+            if len(views) == len(ids):
+                return views
+            time.sleep(0.2)
+    raise AssertionError(f"{len(ids) - len(views)} jobs not terminal after {timeout_s}s")

@@ -1,0 +1,98 @@
+"""`sluicegate up` end to end, as a user runs it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import asyncpg
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from schemas import constants
+from sluicegate.samples import sample_documents
+from tests.e2e.stack import wait_terminal
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def submit(api_url: str, count: int) -> list[str]:
+    docs = [text for _, text in sample_documents()]
+    ids = []
+    with httpx.Client(base_url=api_url, timeout=10) as client:
+        for i in range(count):
+            response = client.post(
+                "/v1/jobs",
+                json={"kind": "summarize", "input": docs[i % len(docs)], "max_tokens": 60},
+            )
+            assert response.status_code == 202, response.text
+            ids.append(response.json()["id"])
+    return ids
+
+
+async def committed_total(bootstrap: str, partitions: int) -> int:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=constants.WORKER_GROUP, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        total = 0
+        for p in range(partitions):
+            total += await consumer.committed(TopicPartition(constants.DISPATCH_TOPIC, p)) or 0
+        return total
+    finally:
+        await consumer.stop()
+
+
+async def database_counts(url: str) -> tuple[Counter[str], int, int]:
+    conn = await asyncpg.connect(url)
+    try:
+        states = Counter(
+            {
+                r["state"]: r["n"]
+                for r in await conn.fetch("SELECT state, count(*) AS n FROM jobs GROUP BY state")
+            }
+        )
+        attempts = await conn.fetchval("SELECT max(attempt) FROM jobs")
+        events = await conn.fetchval(
+            "SELECT count(*) FROM outbox WHERE topic = $1", constants.EVENTS_TOPIC
+        )
+        return states, attempts, events
+    finally:
+        await conn.close()
+
+
+def test_fifty_jobs_end_to_end(stack_factory) -> None:
+    stack = stack_factory(workers=2)
+    ids = submit(stack.api_url, 50)
+    views = wait_terminal(stack.api_url, ids)
+    assert {v["state"] for v in views.values()} == {"succeeded"}
+    for view in views.values():
+        result = view["result"]
+        assert result["engine"] == "sim"
+        assert result["simulated"] is True
+        assert result["text"]
+
+    states, attempts, events = asyncio.run(database_counts(stack.database_url))
+    assert states == Counter({"succeeded": 50})
+    assert attempts == 1  # each ran exactly once
+    assert events == 50  # one terminal event per job
+
+    # Offsets: the workers committed past every dispatch record.
+    committed = asyncio.run(committed_total(stack.bootstrap, 4))
+    assert committed == 50
+
+    assert stack.stop() == 0
+    assert stack.descendants, "up should have started child processes"
+    assert not [p for p in stack.descendants if p.is_running() and p.status() != "zombie"]
+
+
+def test_accepted_job_survives_a_restart_of_up(stack_factory) -> None:
+    first = stack_factory(workers=0)
+    ids = submit(first.api_url, 3)
+    assert first.stop() == 0
+
+    second = stack_factory(workers=1)
+    views = wait_terminal(second.api_url, ids)
+    assert {v["state"] for v in views.values()} == {"succeeded"}

@@ -1,0 +1,64 @@
+"""Accepted jobs survive the loss of the broker: the outbox re-publishes them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from sqlalchemy import select
+
+from producers.service import run_relay
+from schemas.tables import outbox
+from sluicegate.db import make_engine
+from sluicegate.embedded import EmbeddedBroker
+from sluicegate.kafka import ensure_topics
+from sluicegate.settings import Settings
+from tests.integration.pipeline import open_pipeline
+from workers.service import run_worker
+
+
+async def test_broker_killed_between_accept_and_dispatch(
+    settings: Settings, broker: EmbeddedBroker
+) -> None:
+    own = settings.model_copy(
+        update={"kafka_bootstrap_servers": broker.bootstrap, "sim_token_time_s": 0.0005}
+    )
+    async for pipeline in open_pipeline(own):
+        pipeline.start(run_relay)
+        pipeline.start_worker(run_worker)
+        before = await pipeline.submit(5)
+        await pipeline.wait_terminal(before)
+
+        broker.kill()  # memory storage: every record and offset is gone
+        accepted = await pipeline.submit(10)  # the API needs only PostgreSQL
+        await asyncio.sleep(1.0)  # the relay fails to publish meanwhile
+        # What `sluicegate up` does when its embedded broker dies: stop the workers (their
+        # positions index the lost log, and a subscribed consumer would make Tansu
+        # auto-create the topic with defaults), start a new broker, create the topics, then
+        # start the workers again. The relay recovers on its own: after a failure it makes
+        # sure the topics exist before it sends again.
+        roles = await pipeline.stop_workers()
+        await broker.restart()
+        await ensure_topics(broker.bootstrap, own.topic_partitions())
+        for role in roles:
+            pipeline.start_worker(role)
+
+        views = await pipeline.wait_terminal(accepted, timeout_s=90)
+        assert {v["state"] for v in views.values()} == {"succeeded"}
+        # Delivery is at least once (the relay re-sends a batch it saw no ack for); the
+        # fenced terminal write keeps it to exactly one terminal state and one event per job.
+        assert await terminal_events(own) == Counter(before + accepted)
+
+
+async def terminal_events(settings: Settings) -> Counter[str]:
+    db = make_engine(settings.require_database_url(), pool_size=1)
+    try:
+        async with db.connect() as conn:
+            keys = (
+                await conn.execute(
+                    select(outbox.c.key).where(outbox.c.topic == settings.events_topic)
+                )
+            ).scalars()
+            return Counter(keys)
+    finally:
+        await db.dispose()
