@@ -88,8 +88,10 @@ def results_table(jobs: list[Tracked]) -> Table:
                 text = f"[dim](simulator engine)[/dim] {text}"
         elif view is not None and view.error is not None:
             text = str(view.error.get("message", ""))
-        elapsed = (job.finished or time.monotonic()) - job.submitted
-        table.add_row(job.name, view.state.value if view else "?", f"{elapsed:.2f}s", text)
+        elapsed = ""
+        if view is not None and view.finished_at is not None:
+            elapsed = f"{(view.finished_at - view.created_at).total_seconds():.2f}s"
+        table.add_row(job.name, view.state.value if view else "?", elapsed, text)
     return table
 
 

@@ -15,7 +15,8 @@ def configure_logging(settings: Settings) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s",
     )
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    for noisy in ("aiokafka", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
