@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -15,19 +16,24 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from producers import errors
+from producers.admission import AdmissionController, Policy
+from producers.flow import report_flow
+from producers.lag import KafkaLagSource, LagMonitor, LagSource
 from producers.limits import BodyLimit
 from producers.metrics import SUBMITTED
+from producers.ratelimit import TenantLimits
 from producers.repository import JobRepository
 from producers.submission import new_job
 from schemas import constants
 from schemas.api import ErrorResponse, JobView, SubmitJob, SubmitResponse
 from schemas.errors import InvalidRequest, JobNotFound
+from schemas.jobs import estimate_tokens
 from sluicegate.db import make_engine
 from sluicegate.settings import Settings
 
 _TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _ERRORS: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 422, 503)
+    status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 422, 429, 503)
 }
 
 TenantHeader = Annotated[
@@ -53,17 +59,46 @@ def _status_url(job_id: str) -> str:
     return f"/v1/jobs/{job_id}"
 
 
-def create_app(settings: Settings, *, engine: AsyncEngine | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, *, engine: AsyncEngine | None = None, lag_source: LagSource | None = None
+) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own = engine is None
         db = engine if engine is not None else make_engine(settings.require_database_url())
-        app.state.repo = JobRepository(
+        repo = JobRepository(
             db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic
         )
+        source = lag_source or KafkaLagSource(
+            db=db,
+            bootstrap=settings.require_kafka(),
+            topic=settings.dispatch_topic,
+            group_id=settings.consumer_group,
+            partitions=settings.partitions,
+        )
+        monitor = LagMonitor(
+            source, interval_s=settings.lag_interval_s, stale_after_s=settings.lag_stale_after_s
+        )
+        app.state.repo = repo
+        app.state.admission = AdmissionController(
+            Policy.of(settings),
+            monitor,
+            TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm),
+        )
+        app.state.monitor = monitor
+        await monitor.refresh()  # serve with a reading, not with "unknown"
+        stop = asyncio.Event()
+        tasks = [
+            asyncio.create_task(monitor.run(stop), name="lag-monitor"),
+            asyncio.create_task(report_flow(repo, monitor, stop), name="flow"),
+        ]
         try:
             yield
         finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if isinstance(source, KafkaLagSource):
+                await source.close()
             if own:
                 await db.dispose()
 
@@ -89,12 +124,18 @@ def create_app(settings: Settings, *, engine: AsyncEngine | None = None) -> Fast
             str | None, Header(alias=constants.HEADER_IDEMPOTENCY_KEY, max_length=255)
         ] = None,
     ) -> JSONResponse:
+        now = datetime.now(UTC)
         new = new_job(
-            body,
-            tenant=_tenant(tenant),
-            header_key=idempotency_key,
-            now=datetime.now(UTC),
-            settings=settings,
+            body, tenant=_tenant(tenant), header_key=idempotency_key, now=now, settings=settings
+        )
+        admission: AdmissionController = request.app.state.admission
+        await admission.admit(
+            tenant=new.tenant,
+            priority=new.priority,
+            prompt_tokens=estimate_tokens(new.input),
+            max_tokens=new.max_tokens,
+            deadline=new.deadline,
+            now=now,
         )
         job, created = await repo(request).submit(new)
         if created:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +14,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
+from producers.admission import Refused
 from producers.metrics import REFUSED
 from schemas.errors import SluicegateError
 
@@ -57,7 +59,26 @@ def _validation_code(errors: list[dict[str, Any]]) -> tuple[int, str]:
     return 422, "invalid_request"
 
 
+def yield_response(refused: Refused) -> JSONResponse:
+    """The explicit yield: a typed refusal with a computed retry hint; nothing was stored."""
+    REFUSED.labels(code=refused.code).inc()
+    retry_ms = int(refused.retry_after_s * 1000)
+    body = {
+        "status": "yield",
+        "retry_after_ms": retry_ms,
+        "reason": refused.reason,
+        "lag": refused.lag,
+        "error": {"code": refused.code, "message": refused.message},
+    }
+    headers = {"Retry-After": str(max(1, math.ceil(refused.retry_after_s)))}
+    return JSONResponse(body, status_code=refused.status, headers=headers)
+
+
 def install(app: FastAPI) -> None:
+    @app.exception_handler(Refused)
+    async def _refused(_: Request, exc: Refused) -> JSONResponse:
+        return yield_response(exc)
+
     @app.exception_handler(SluicegateError)
     async def _sluicegate(_: Request, exc: SluicegateError) -> JSONResponse:
         headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)} if exc.retriable else None

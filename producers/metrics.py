@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from schemas import constants
 
 SUBMITTED = Counter(constants.M_SUBMITTED, "Jobs accepted", ["kind", "priority"])
 REFUSED = Counter(constants.M_REFUSED, "Requests refused, by error code", ["code"])
 RELAY_PUBLISHED = Counter(constants.M_RELAY_PUBLISHED, "Outbox rows published", ["topic"])
+
+ADMISSIONS = Counter(
+    constants.M_ADMISSIONS, "Admission decisions by outcome and reason", ["outcome", "reason"]
+)
+BLOCKED = Gauge(constants.M_BLOCKED, "Submit requests waiting for lag to fall")
+LAG = Gauge(constants.M_LAG, "Worker group lag on the dispatch topic (records)")
+LAG_KNOWN = Gauge(constants.M_LAG_KNOWN, "1 while the lag reading is fresh")
+DRAIN_RATE = Gauge(constants.M_DRAIN_RATE, "Drain rate μ (records/s, smoothed)")
+ARRIVAL_RATE = Gauge(constants.M_ARRIVAL_RATE, "Arrival rate λ (records/s, smoothed)")
+IN_FLIGHT = Gauge(constants.M_IN_FLIGHT, "Jobs not yet terminal (measured L)")
+LATENCY_W = Gauge(constants.M_LATENCY_W, "Mean submit-to-terminal time W of recent jobs (s)")
+LITTLE_L = Gauge(constants.M_LITTLE_L, "λ·W, Little's law estimate of L")

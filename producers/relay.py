@@ -18,7 +18,7 @@ from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError
 
 from producers.metrics import RELAY_PUBLISHED
-from producers.repository import OutboxRow, OutboxStore
+from producers.repository import Acked, OutboxRow, OutboxStore
 from schemas import constants
 from sluicegate.aio import wait_first
 from sluicegate.db import libpq_url
@@ -86,15 +86,16 @@ class OutboxRelay:
         if producer is not None:
             await close_client(producer)
 
-    async def _publish(self, rows: list[OutboxRow]) -> None:
+    async def _publish(self, rows: list[OutboxRow]) -> list[Acked]:
         producer = await self._connect()
         async with asyncio.timeout(self._settings.relay_send_timeout_s):
-            acks = [
+            futures = [
                 await producer.send(row.topic, row.payload, key=row.key.encode()) for row in rows
             ]
-            await asyncio.gather(*acks)
+            metadata = await asyncio.gather(*futures)
         for row in rows:
             RELAY_PUBLISHED.labels(topic=row.topic).inc()
+        return [Acked(topic=m.topic, partition=m.partition, offset=m.offset) for m in metadata]
 
     async def _listen(self) -> None:
         if self._listener is not None and not self._listener.is_closed():

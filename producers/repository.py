@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import uuid_utils
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
@@ -16,7 +16,16 @@ from schemas.envelopes import DispatchEnvelope, JobEvent
 from schemas.errors import IdempotencyConflict, JobAlreadyTerminal, JobNotFound
 from schemas.jobs import Job, NewJob, estimate_tokens, job_from_row
 from schemas.states import CANCELLABLE_STATES, TERMINAL_STATES, JobState
-from schemas.tables import jobs, outbox
+from schemas.tables import jobs, outbox, partition_ends
+
+FLOW_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flow:
+    in_flight: int
+    finished_recently: int
+    mean_latency_s: float | None
 
 
 def new_job_id() -> str:
@@ -166,6 +175,30 @@ class JobRepository:
             )
         return job
 
+    async def flow(self) -> Flow:
+        """In-flight jobs (L) and the mean submit-to-terminal time (W) of recent ones."""
+        async with self._engine.connect() as conn:
+            in_flight = (
+                await conn.execute(
+                    select(func.count())
+                    .select_from(jobs)
+                    .where(jobs.c.state.not_in([s.value for s in TERMINAL_STATES]))
+                )
+            ).scalar_one()
+            recent = (
+                await conn.execute(
+                    select(
+                        func.count(),
+                        func.avg(func.extract("epoch", jobs.c.finished_at - jobs.c.created_at)),
+                    ).where(jobs.c.finished_at > func.now() - timedelta(seconds=FLOW_WINDOW_S))
+                )
+            ).one()
+        return Flow(
+            in_flight=int(in_flight),
+            finished_recently=int(recent[0]),
+            mean_latency_s=float(recent[1]) if recent[1] is not None else None,
+        )
+
     async def redispatch_unfinished(self) -> int:
         """Queue a fresh dispatch record for every job that is not terminal.
 
@@ -227,7 +260,16 @@ class OutboxRow:
     payload: bytes
 
 
-Publish = Callable[[list[OutboxRow]], Awaitable[None]]
+@dataclass(frozen=True, kw_only=True)
+class Acked:
+    """Where the broker put one published record."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+Publish = Callable[[list[OutboxRow]], Awaitable[list[Acked]]]
 
 
 class OutboxStore:
@@ -236,6 +278,39 @@ class OutboxStore:
     def __init__(self, engine: AsyncEngine, *, dispatch_topic: str) -> None:
         self._engine = engine
         self._dispatch_topic = dispatch_topic
+
+    async def _record_ends(self, conn: AsyncConnection, acked: list[Acked], now: datetime) -> None:
+        ends: dict[tuple[str, int], int] = {}
+        for a in acked:
+            if a.topic == self._dispatch_topic:
+                key = (a.topic, a.partition)
+                ends[key] = max(ends.get(key, 0), a.offset + 1)
+        if not ends:
+            return
+        statement = pg_insert(partition_ends).values(
+            [
+                {"topic": t, "partition": p, "end_offset": e, "updated_at": now}
+                for (t, p), e in ends.items()
+            ]
+        )
+        await conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=["topic", "partition"],
+                set_={
+                    "end_offset": func.greatest(
+                        partition_ends.c.end_offset, statement.excluded.end_offset
+                    ),
+                    "updated_at": now,
+                },
+            )
+        )
+
+    async def forget_ends(self) -> None:
+        """The broker lost its log (embedded, in memory): the recorded ends are void."""
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                delete(partition_ends).where(partition_ends.c.topic == self._dispatch_topic)
+            )
 
     async def publish_batch(self, limit: int, publish: Publish) -> int:
         """Lock up to ``limit`` unpublished rows, publish them, mark them; all or nothing."""
@@ -252,8 +327,9 @@ class OutboxStore:
             if not found:
                 return 0
             rows = [OutboxRow(id=r.id, topic=r.topic, key=r.key, payload=r.payload) for r in found]
-            await publish(rows)
+            acked = await publish(rows)
             now = datetime.now(UTC)
+            await self._record_ends(conn, acked, now)
             await conn.execute(
                 update(outbox).where(outbox.c.id.in_([r.id for r in rows])).values(published_at=now)
             )

@@ -33,6 +33,7 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
             port=settings.api_port,
             workers=processes,
             log_level=settings.log_level.lower(),
+            limit_concurrency=settings.api_max_connections,
         )
         return
     uvicorn.run(
@@ -40,6 +41,7 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
         host=settings.api_host,
         port=settings.api_port,
         log_level=settings.log_level.lower(),
+        limit_concurrency=settings.api_max_connections,
     )
 
 

@@ -82,3 +82,14 @@ outbox = Table(
     Column("published_at", DateTime(timezone=True), nullable=True),
     Index("ix_outbox_unpublished", "id", postgresql_where=text("published_at IS NULL")),
 )
+
+# The end of each dispatch partition as the relay's acknowledged sends record it. The relay
+# is the only writer to the dispatch topic, so these are exact, whatever ListOffsets reports.
+partition_ends = Table(
+    "partition_ends",
+    metadata,
+    Column("topic", Text, primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("end_offset", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from producers import demo, service
 from producers.client import ApiError, SluicegateClient
-from producers.repository import JobRepository
+from producers.repository import JobRepository, OutboxStore
 from schemas.jobs import JobKind
 from sluicegate import migrate
 from sluicegate.db import make_engine
@@ -95,6 +95,8 @@ async def _redispatch(stack: Stack) -> None:
             events_topic=stack.settings.events_topic,
         )
         await repo.redispatch_unfinished()
+        # The recorded partition ends index the lost log too.
+        await OutboxStore(db, dispatch_topic=stack.settings.dispatch_topic).forget_ends()
     finally:
         await db.dispose()
 

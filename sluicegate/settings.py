@@ -46,6 +46,28 @@ class Settings(BaseSettings):
     default_ttl_s: float = Field(default=3600.0, gt=0)
     max_ttl_s: float = Field(default=7 * 86400.0, gt=0)
 
+    # Admission (docs/operations.md derives the defaults from Little's law)
+    lag_interval_s: float = Field(default=0.5, gt=0)
+    lag_stale_after_s: float = Field(default=5.0, gt=0)
+    lag_soft: int = Field(default=2000, ge=0)
+    lag_hard: int = Field(default=4000, ge=1)
+    admission_mode: Literal["block", "reject"] = "block"
+    max_block_ms: int = Field(default=5000, ge=0)
+    max_blocked: int = Field(default=64, ge=0)
+    # Leave the throttled state only once lag falls below lag_soft * (1 - hysteresis).
+    admission_hysteresis: float = Field(default=0.1, ge=0, lt=1)
+    # Low-priority jobs block from lag_soft * low_priority_factor and are refused at lag_soft.
+    low_priority_factor: float = Field(default=0.5, gt=0, le=1)
+    deadline_aware: bool = True
+    # Seconds per output token a job is expected to take once started (service time).
+    expected_token_time_s: float = Field(default=0.02, ge=0)
+    retry_after_min_s: float = Field(default=1.0, gt=0)
+    retry_after_max_s: float = Field(default=60.0, gt=0)
+    # Per-tenant limits; None: unlimited.
+    tenant_rpm: int | None = Field(default=None, ge=1)
+    tenant_tpm: int | None = Field(default=None, ge=1)
+    api_max_connections: int = Field(default=1024, ge=1)
+
     # Outbox relay
     relay_batch_size: int = Field(default=500, ge=1)
     relay_idle_poll_s: float = Field(default=1.0, gt=0)

@@ -1,0 +1,241 @@
+"""The admission controller: every submit is accepted, made to wait, or refused with a
+computed Retry-After before anything is written.
+
+Rules, in order: the lag must be known (unknown is treated as saturated); per-tenant RPM and
+TPM limits; a job that would expire in the queue is refused at once (deadline-aware); then
+the lag thresholds by priority: below the soft threshold accept, between soft and hard wait
+(bounded in time and in the number of waiters) for the lag to fall, at or above hard refuse.
+High priority is admitted up to the hard threshold without waiting; low priority waits from
+half the soft threshold and is refused at it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from producers.lag import LagMonitor, LagSnapshot
+from producers.metrics import ADMISSIONS, BLOCKED
+from producers.ratelimit import TenantLimits
+from schemas.errors import SluicegateError
+from schemas.jobs import Priority
+from sluicegate.settings import Settings
+
+UNAVAILABLE = frozenset({"lag_unknown", "database_unavailable", "broker_unavailable"})
+
+
+class Refused(SluicegateError):
+    """A typed refusal: 429 (or 503 while the lag is unknown) with a retry hint."""
+
+    status = 429
+    retriable = True
+
+    def __init__(self, reason: str, message: str, *, retry_after_s: float, lag: int | None) -> None:
+        super().__init__(message)
+        self.code = reason
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+        self.lag = lag
+        if reason in UNAVAILABLE:
+            self.status = 503
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    soft: int
+    hard: int
+    mode: Literal["block", "reject"]
+    max_block_s: float
+    max_blocked: int
+    hysteresis: float
+    low_factor: float
+    deadline_aware: bool
+    token_time_s: float
+    retry_min_s: float
+    retry_max_s: float
+    lag_interval_s: float
+
+    @classmethod
+    def of(cls, s: Settings) -> Policy:
+        return cls(
+            soft=s.lag_soft,
+            hard=s.lag_hard,
+            mode=s.admission_mode,
+            max_block_s=s.max_block_ms / 1000,
+            max_blocked=s.max_blocked,
+            hysteresis=s.admission_hysteresis,
+            low_factor=s.low_priority_factor,
+            deadline_aware=s.deadline_aware,
+            token_time_s=s.expected_token_time_s,
+            retry_min_s=s.retry_after_min_s,
+            retry_max_s=s.retry_after_max_s,
+            lag_interval_s=s.lag_interval_s,
+        )
+
+    def thresholds(self, priority: Priority) -> tuple[int, int]:
+        """(block from, refuse from) for a priority."""
+        if priority is Priority.HIGH:
+            return self.hard, self.hard
+        if priority is Priority.LOW:
+            return math.floor(self.soft * self.low_factor), self.soft
+        return self.soft, self.hard
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admitted:
+    blocked_s: float
+
+
+class AdmissionController:
+    def __init__(
+        self,
+        policy: Policy,
+        monitor: LagMonitor,
+        limits: TenantLimits,
+    ) -> None:
+        self._policy = policy
+        self._monitor = monitor
+        self._limits = limits
+        self._blocked = 0
+        self._throttled = False
+
+    @property
+    def blocked(self) -> int:
+        return self._blocked
+
+    async def admit(
+        self,
+        *,
+        tenant: str,
+        priority: Priority,
+        prompt_tokens: int,
+        max_tokens: int,
+        deadline: datetime,
+        now: datetime,
+    ) -> Admitted:
+        try:
+            admitted = await self._admit(tenant, priority, prompt_tokens, max_tokens, deadline, now)
+        except Refused as refused:
+            ADMISSIONS.labels(outcome="rejected", reason=refused.reason).inc()
+            raise
+        outcome = "blocked_then_accepted" if admitted.blocked_s > 0 else "accepted"
+        ADMISSIONS.labels(outcome=outcome, reason="ok").inc()
+        return admitted
+
+    async def _admit(
+        self,
+        tenant: str,
+        priority: Priority,
+        prompt_tokens: int,
+        max_tokens: int,
+        deadline: datetime,
+        now: datetime,
+    ) -> Admitted:
+        lag = self._known()
+        tokens = prompt_tokens + max_tokens
+        refused = self._limits.try_take(tenant, tokens, time.monotonic())
+        if refused is not None:
+            reason, wait_s = refused
+            raise Refused(
+                reason,
+                f"tenant {tenant} is over its {reason.removeprefix('tenant_').upper()} limit",
+                retry_after_s=self._clamp(wait_s),
+                lag=lag.lag,
+            )
+        try:
+            self._check_deadline(lag, max_tokens, deadline, now)
+            return await self._check_lag(lag, priority)
+        except Refused:
+            self._limits.give_back(tenant, tokens)
+            raise
+
+    def _known(self) -> LagSnapshot:
+        lag = self._monitor.snapshot()
+        if not lag.known:
+            raise Refused(
+                lag.cause or "lag_unknown",
+                "the worker group's lag cannot be read; refusing until it can",
+                retry_after_s=self._clamp(2 * self._policy.lag_interval_s),
+                lag=None,
+            )
+        return lag
+
+    def _check_deadline(
+        self, lag: LagSnapshot, max_tokens: int, deadline: datetime, now: datetime
+    ) -> None:
+        if not self._policy.deadline_aware:
+            return
+        wait_s = lag.drain_time_s(lag.lag)
+        if wait_s is None:
+            return  # no drain measured yet: no prediction to refuse on
+        service_s = max_tokens * self._policy.token_time_s
+        left_s = (deadline - now).total_seconds()
+        if wait_s + service_s > left_s:
+            raise Refused(
+                "deadline_unreachable",
+                f"predicted queue wait {wait_s:.1f}s + service {service_s:.1f}s exceeds the "
+                f"{left_s:.1f}s left to the deadline",
+                retry_after_s=self._clamp(wait_s),
+                lag=lag.lag,
+            )
+
+    async def _check_lag(self, lag: LagSnapshot, priority: Priority) -> Admitted:
+        p = self._policy
+        block_from, refuse_from = self.thresholds_now(priority)
+        if lag.lag < block_from:
+            return Admitted(blocked_s=0.0)
+        if lag.lag >= refuse_from:
+            self._throttled = True
+            raise self._over(lag, "lag_hard", block_from)
+        if p.mode == "reject":
+            raise self._over(lag, "lag_soft", block_from)
+        if self._blocked >= p.max_blocked:
+            raise self._over(lag, "too_many_blocked", block_from)
+        return await self._block(priority)
+
+    def thresholds_now(self, priority: Priority) -> tuple[int, int]:
+        """Thresholds with hysteresis: while throttled, resume only well below soft."""
+        block_from, refuse_from = self._policy.thresholds(priority)
+        if self._throttled and priority is not Priority.HIGH:
+            block_from = math.floor(block_from * (1 - self._policy.hysteresis))
+        return block_from, refuse_from
+
+    async def _block(self, priority: Priority) -> Admitted:
+        self._blocked += 1
+        BLOCKED.set(self._blocked)
+        started = time.monotonic()
+        deadline = started + self._policy.max_block_s
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    lag = self._known()
+                    raise self._over(lag, "block_timeout", self.thresholds_now(priority)[0])
+                await self._monitor.next_update(limit_s=left)
+                lag = self._known()
+                block_from, refuse_from = self.thresholds_now(priority)
+                if lag.lag >= refuse_from:
+                    raise self._over(lag, "lag_hard", block_from)
+                if lag.lag < block_from:
+                    self._throttled = False
+                    return Admitted(blocked_s=time.monotonic() - started)
+        finally:
+            self._blocked -= 1
+            BLOCKED.set(self._blocked)
+
+    def _over(self, lag: LagSnapshot, reason: str, target: int) -> Refused:
+        excess = max(lag.lag - target, 1)
+        drain = lag.drain_time_s(excess)
+        retry = self._policy.retry_max_s if drain is None else drain
+        return Refused(
+            reason,
+            f"the worker group is {lag.lag} jobs behind",
+            retry_after_s=self._clamp(retry),
+            lag=lag.lag,
+        )
+
+    def _clamp(self, seconds: float) -> float:
+        return min(max(seconds, self._policy.retry_min_s), self._policy.retry_max_s)

@@ -1,0 +1,31 @@
+"""Little's law on one panel: λ·W beside the measured number of jobs in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sqlalchemy.exc import DBAPIError
+
+from producers.lag import LagMonitor
+from producers.metrics import IN_FLIGHT, LATENCY_W, LITTLE_L
+from producers.repository import JobRepository
+from sluicegate.aio import wait_first
+
+log = logging.getLogger(__name__)
+
+FLOW_INTERVAL_S = 2.0
+
+
+async def report_flow(repo: JobRepository, monitor: LagMonitor, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            flow = await repo.flow()
+        except (DBAPIError, OSError) as exc:
+            log.warning("flow metrics unavailable: %r", exc)
+        else:
+            IN_FLIGHT.set(flow.in_flight)
+            if flow.mean_latency_s is not None:
+                LATENCY_W.set(flow.mean_latency_s)
+                LITTLE_L.set((monitor.snapshot().arrival_rate or 0.0) * flow.mean_latency_s)
+        await wait_first(stop, limit_s=FLOW_INTERVAL_S)
