@@ -186,9 +186,12 @@ class AdmissionController:
         p = self._policy
         block_from, refuse_from = self.thresholds_now(priority)
         if lag.lag < block_from:
+            if priority is not Priority.HIGH:
+                self._throttled = False
             return Admitted(blocked_s=0.0)
+        if priority is not Priority.HIGH:
+            self._throttled = True  # leave only once lag is below the hysteresis band
         if lag.lag >= refuse_from:
-            self._throttled = True
             raise self._over(lag, "lag_hard", block_from)
         if p.mode == "reject":
             raise self._over(lag, "lag_soft", block_from)

@@ -1,0 +1,216 @@
+"""The admission rules, each through the controller's public seam with a fake lag."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from producers.admission import AdmissionController, Policy, Refused
+from producers.lag import LagMonitor
+from producers.ratelimit import TenantLimits
+from schemas.jobs import Priority
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+POLICY = Policy(
+    soft=100,
+    hard=200,
+    mode="reject",
+    max_block_s=2.0,
+    max_blocked=1,
+    hysteresis=0.1,
+    low_factor=0.5,
+    deadline_aware=True,
+    token_time_s=0.01,
+    retry_min_s=0.5,
+    retry_max_s=60.0,
+    lag_interval_s=0.5,
+)
+
+
+class NoSource:
+    async def read(self) -> tuple[dict[int, int], dict[int, int]]:
+        raise OSError("unused")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def monitor_at(lag: int, drain_per_s: float = 10.0) -> tuple[LagMonitor, FakeClock]:
+    """A monitor whose last two readings give ``lag`` and a drain rate of ``drain_per_s``."""
+    clock = FakeClock()
+    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=5.0, clock=clock, smoothing=1)
+    drained = int(drain_per_s)
+    monitor.update({0: 1000}, {0: 1000 - lag - drained})
+    clock.t = 1.0
+    monitor.update({0: 1000}, {0: 1000 - lag})
+    return monitor, clock
+
+
+def controller(
+    lag: int, policy: Policy = POLICY, *, rpm: int | None = None, tpm: int | None = None
+) -> AdmissionController:
+    monitor, _ = monitor_at(lag)
+    return AdmissionController(policy, monitor, TenantLimits(rpm=rpm, tpm=tpm))
+
+
+async def admit(
+    c: AdmissionController,
+    *,
+    priority: Priority = Priority.NORMAL,
+    ttl_s: float = 3600,
+    tenant: str = "t",
+    max_tokens: int = 10,
+) -> float:
+    admitted = await c.admit(
+        tenant=tenant,
+        priority=priority,
+        prompt_tokens=10,
+        max_tokens=max_tokens,
+        deadline=NOW + timedelta(seconds=ttl_s),
+        now=NOW,
+    )
+    return admitted.blocked_s
+
+
+async def refusal(c: AdmissionController, **kwargs: object) -> Refused:
+    with pytest.raises(Refused) as caught:
+        await admit(c, **kwargs)  # type: ignore[arg-type]
+    return caught.value
+
+
+async def test_accepts_below_soft() -> None:
+    assert await admit(controller(50)) == 0.0
+
+
+async def test_hard_threshold_refuses_with_computed_retry_after() -> None:
+    at_hard = await refusal(controller(200))
+    far_over = await refusal(controller(400))
+    assert at_hard.status == 429
+    assert at_hard.reason == "lag_hard"
+    assert at_hard.lag == 200
+    # (lag - soft) / μ: 100 / 10 and 300 / 10; not a constant.
+    assert at_hard.retry_after_s == pytest.approx(10.0)
+    assert far_over.retry_after_s == pytest.approx(30.0)
+
+
+async def test_reject_mode_refuses_between_thresholds() -> None:
+    refused = await refusal(controller(150))
+    assert refused.reason == "lag_soft"
+
+
+async def test_unknown_lag_is_treated_as_saturated() -> None:
+    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=5.0)
+    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+    refused = await refusal(c)
+    assert refused.status == 503
+    assert refused.reason == "lag_unknown"
+
+
+async def test_stale_reading_is_unknown() -> None:
+    monitor, clock = monitor_at(10)
+    clock.t += 6.0  # older than stale_after_s
+    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+    assert (await refusal(c)).reason == "lag_unknown"
+
+
+async def test_deadline_unreachable_is_refused_at_once() -> None:
+    # 50 jobs ahead at 10/s is 5 s of queue, plus 10 tokens x 0.01 s of service.
+    assert (await refusal(controller(50), ttl_s=4)).reason == "deadline_unreachable"
+    assert await admit(controller(50), ttl_s=6) == 0.0
+    relaxed = replace(POLICY, deadline_aware=False)
+    assert await admit(controller(50, relaxed), ttl_s=4) == 0.0
+
+
+async def test_priority_high_passes_soft_low_is_refused_first() -> None:
+    assert await admit(controller(150), priority=Priority.HIGH) == 0.0
+    assert (await refusal(controller(200), priority=Priority.HIGH)).reason == "lag_hard"
+    # Low blocks from soft * 0.5 and is refused at soft, where normal is still accepted.
+    assert (await refusal(controller(60), priority=Priority.LOW)).reason == "lag_soft"
+    assert (await refusal(controller(100), priority=Priority.LOW)).reason == "lag_hard"
+    assert await admit(controller(60)) == 0.0
+
+
+async def test_tenant_rpm_and_tpm() -> None:
+    c = controller(0, rpm=2)
+    await admit(c)
+    await admit(c)
+    refused = await refusal(c)
+    assert refused.reason == "tenant_rpm"
+    assert 25 < refused.retry_after_s <= 30  # one request refills in 60 s / 2
+    assert await admit(c, tenant="other") == 0.0
+
+    c = controller(0, tpm=100)
+    await admit(c, max_tokens=60)  # 70 tokens with the prompt
+    assert (await refusal(c, max_tokens=60)).reason == "tenant_tpm"
+    assert await admit(c, max_tokens=20) == 0.0
+
+
+async def test_refused_requests_do_not_spend_the_tenant_budget() -> None:
+    c = controller(250, rpm=1)
+    assert (await refusal(c)).reason == "lag_hard"
+    c._monitor, _ = monitor_at(0)  # the backlog drained
+    assert await admit(c) == 0.0
+
+
+async def test_block_mode_waits_for_lag_to_fall() -> None:
+    blocking = replace(POLICY, mode="block")
+    monitor, clock = monitor_at(150)
+    c = AdmissionController(blocking, monitor, TenantLimits(rpm=None, tpm=None))
+    waiter = asyncio.ensure_future(admit(c))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    assert c.blocked == 1
+    # A second submitter beyond max_blocked (1) is refused at once.
+    assert (await refusal(c)).reason == "too_many_blocked"
+    clock.t += 0.5
+    monitor.update({0: 1000}, {0: 1000 - 95})  # below soft, but not below the hysteresis band
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    clock.t += 0.5
+    monitor.update({0: 1000}, {0: 1000 - 80})
+    assert await asyncio.wait_for(waiter, 1) > 0
+    assert c.blocked == 0
+
+
+async def test_block_times_out_into_a_refusal() -> None:
+    short = replace(POLICY, mode="block", max_block_s=0.2)
+    monitor, _ = monitor_at(150)
+    c = AdmissionController(short, monitor, TenantLimits(rpm=None, tpm=None))
+    assert (await refusal(c)).reason == "block_timeout"
+
+
+async def test_block_turns_into_refusal_when_lag_crosses_hard() -> None:
+    monitor, clock = monitor_at(150)
+    c = AdmissionController(
+        replace(POLICY, mode="block"), monitor, TenantLimits(rpm=None, tpm=None)
+    )
+    waiter = asyncio.ensure_future(admit(c))
+    await asyncio.sleep(0.05)
+    clock.t += 0.5
+    monitor.update({0: 1200}, {0: 1200 - 250})
+    with pytest.raises(Refused) as caught:
+        await asyncio.wait_for(waiter, 1)
+    assert caught.value.reason == "lag_hard"
+
+
+async def test_hysteresis_in_reject_mode() -> None:
+    monitor, clock = monitor_at(150)
+    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+    assert (await refusal(c)).reason == "lag_soft"
+    clock.t += 0.5
+    monitor.update({0: 1000}, {0: 1000 - 95})
+    assert (await refusal(c)).reason == "lag_soft"  # still inside the band: no flapping
+    clock.t += 0.5
+    monitor.update({0: 1000}, {0: 1000 - 85})
+    assert await admit(c) == 0.0
+    clock.t += 0.5
+    monitor.update({0: 1000}, {0: 1000 - 95})
+    assert await admit(c) == 0.0  # the band applies only on the way down
