@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -14,30 +19,100 @@ from schemas.jobs import JobKind, Priority
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
+        self.retry_after_s = retry_after_s
+
+    @property
+    def retriable(self) -> bool:
+        return self.status in (429, 503)
+
+
+def _retry_after_s(response: httpx.Response, body: Any) -> float | None:
+    if isinstance(body, dict) and isinstance(body.get("retry_after_ms"), int | float):
+        return float(body["retry_after_ms"]) / 1000
+    header = response.headers.get("retry-after")
+    try:
+        return float(header) if header is not None else None
+    except ValueError:
+        return None
 
 
 def _raise_for(response: httpx.Response) -> None:
     if response.is_success:
         return
+    body: Any = None
     try:
-        error = response.json()["error"]
+        body = response.json()
+        error = body["error"]
         code, message = str(error["code"]), str(error["message"])
     except (ValueError, KeyError, TypeError):
         code, message = "http_error", response.text[:200]
-    raise ApiError(response.status_code, code, message)
+    raise ApiError(response.status_code, code, message, _retry_after_s(response, body))
+
+
+@dataclass
+class RetryPolicy:
+    """Honour 429/503 and Retry-After, with full jitter and a retry budget.
+
+    The budget allows retries worth ``budget_ratio`` of the requests made (plus a floor of
+    ``min_retries_per_s``), so a refusing server sees at most that much extra load from a
+    client, never a retry storm.
+    """
+
+    max_attempts: int = 5
+    max_wait_s: float = 60.0
+    budget_ratio: float = 0.2
+    min_retries_per_s: float = 1.0
+    budget_cap: float = 20.0
+    _tokens: float = field(init=False)
+    _at: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self._tokens = self.budget_cap  # a new client may retry a few times at once
+
+    def deposit(self) -> None:
+        self._tokens = min(self.budget_cap, self._tokens + self.budget_ratio)
+
+    def withdraw(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(
+            self.budget_cap, self._tokens + (now - self._at) * self.min_retries_per_s
+        )
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+    def delay_s(self, hint_s: float | None, attempt: int) -> float:
+        """Full jitter over the server's hint (or an exponential base without one)."""
+        base = hint_s if hint_s is not None else min(2.0**attempt * 0.1, self.max_wait_s)
+        return random.uniform(base, min(2 * base, self.max_wait_s))
 
 
 class SluicegateClient:
     def __init__(
-        self, base_url: str, *, tenant: str | None = None, timeout_s: float = 30.0
+        self,
+        base_url: str,
+        *,
+        tenant: str | None = None,
+        timeout_s: float = 30.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         headers = {constants.HEADER_TENANT: tenant} if tenant else {}
-        self._http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s)
+        self._http = httpx.AsyncClient(
+            base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+        self._retry = retry
+        self._sleep = sleep
 
     async def __aenter__(self) -> SluicegateClient:
         return self
@@ -79,9 +154,32 @@ class SluicegateClient:
             body["callback_url"] = callback_url
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
-        response = await self._http.post("/v1/jobs", json=body)
-        _raise_for(response)
+        response = await self._post_retrying("/v1/jobs", body)
         return SubmitResponse.model_validate_json(response.content)
+
+    async def _post_retrying(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """POST, retrying refusals as the policy allows (the body carries its own
+        idempotency key where the caller gave one, so a retry cannot make a second job)."""
+        retry = self._retry
+        attempt = 0
+        if retry is not None:
+            retry.deposit()
+        while True:
+            response = await self._http.post(path, json=body)
+            try:
+                _raise_for(response)
+            except ApiError as exc:
+                attempt += 1
+                if (
+                    retry is None
+                    or not exc.retriable
+                    or attempt >= retry.max_attempts
+                    or not retry.withdraw()
+                ):
+                    raise
+                await self._sleep(retry.delay_s(exc.retry_after_s, attempt))
+                continue
+            return response
 
     async def get(self, job_id: str) -> JobView:
         response = await self._http.get(f"/v1/jobs/{job_id}")

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from producers.client import SluicegateClient
+from producers.client import RetryPolicy, SluicegateClient
 from schemas.api import JobView
 from schemas.jobs import JobKind
 
@@ -103,7 +103,7 @@ async def run_demo(
     max_tokens: int = 120,
     ttl_s: float = 600.0,
 ) -> list[Tracked]:
-    async with SluicegateClient(api_url) as client:
+    async with SluicegateClient(api_url, retry=RetryPolicy()) as client:
         jobs = await submit_all(client, documents, max_tokens=max_tokens, ttl_s=ttl_s)
         console.print(f"submitted {len(jobs)} documents to {api_url}")
         await follow(client, jobs, console)

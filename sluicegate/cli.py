@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from producers import demo, service
-from producers.client import ApiError, SluicegateClient
+from producers.client import ApiError, RetryPolicy, SluicegateClient
 from producers.repository import JobRepository, OutboxStore
 from schemas.jobs import JobKind
 from sluicegate import migrate
@@ -152,7 +152,7 @@ async def _demo(
 
 async def _submit(api_url: str, files: list[Path], max_tokens: int, ttl: float | None) -> int:
     docs = demo.read_documents(files)
-    async with SluicegateClient(api_url) as client:
+    async with SluicegateClient(api_url, retry=RetryPolicy()) as client:
         for name, text in docs:
             try:
                 answer = await client.submit(

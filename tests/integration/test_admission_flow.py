@@ -1,0 +1,79 @@
+"""Producers push back on lag over HTTP, on the real broker and database."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import func, select
+
+from producers.service import run_relay
+from schemas.tables import jobs
+from sluicegate.db import make_engine
+from sluicegate.settings import Settings
+from tests.integration.pipeline import DOC, Pipeline, open_pipeline
+from workers.service import run_worker
+
+
+@pytest.fixture
+async def pipeline(settings: Settings) -> AsyncIterator[Pipeline]:
+    tight = settings.model_copy(
+        update={
+            "lag_soft": 4,
+            "lag_hard": 8,
+            "admission_mode": "reject",
+            "lag_interval_s": 0.2,
+            "deadline_aware": False,
+            "sim_token_time_s": 0.001,
+        }
+    )
+    async for p in open_pipeline(tight):
+        yield p
+
+
+async def stored_jobs(settings: Settings) -> int:
+    db = make_engine(settings.require_database_url(), pool_size=1)
+    try:
+        async with db.connect() as conn:
+            return int((await conn.execute(select(func.count()).select_from(jobs))).scalar_one())
+    finally:
+        await db.dispose()
+
+
+async def test_lag_over_threshold_yields_429_then_resumes_with_a_worker(
+    pipeline: Pipeline,
+) -> None:
+    pipeline.start(run_relay)  # no workers: the backlog can only grow
+    accepted = 0
+    refusal = None
+    for _ in range(400):
+        response = await pipeline.client.post(
+            "/v1/jobs", json={"kind": "summarize", "input": DOC, "ttl_s": 600}
+        )
+        if response.status_code == 429:
+            refusal = response
+            break
+        assert response.status_code == 202, response.text
+        accepted += 1
+        await asyncio.sleep(0.05)
+    assert refusal is not None, "the API never pushed back"
+    body = refusal.json()
+    assert body["status"] == "yield"
+    assert body["reason"] in {"lag_soft", "lag_hard"}
+    assert body["lag"] >= 4
+    assert body["retry_after_ms"] > 0
+    assert int(refusal.headers["retry-after"]) >= 1
+    assert body["error"]["code"] == body["reason"]
+    assert await stored_jobs(pipeline.settings) == accepted  # nothing stored for the refusal
+
+    pipeline.start(run_worker)
+    async with asyncio.timeout(60):
+        while True:
+            response = await pipeline.client.post(
+                "/v1/jobs", json={"kind": "summarize", "input": DOC, "ttl_s": 600}
+            )
+            if response.status_code == 202:
+                break
+            assert response.status_code == 429
+            await asyncio.sleep(0.1)
