@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
 
@@ -101,6 +101,9 @@ class AdmissionController:
         self._limits = limits
         self._blocked = 0
         self._throttled = False
+        # Admissions so far; those after the monitor's last reading began are not in it yet.
+        self._admitted = 0
+        monitor.marker = lambda: self._admitted
 
     @property
     def blocked(self) -> int:
@@ -121,6 +124,7 @@ class AdmissionController:
         except Refused as refused:
             ADMISSIONS.labels(outcome="rejected", reason=refused.reason).inc()
             raise
+        self._admitted += 1
         outcome = "blocked_then_accepted" if admitted.blocked_s > 0 else "accepted"
         ADMISSIONS.labels(outcome=outcome, reason="ok").inc()
         return admitted
@@ -153,6 +157,8 @@ class AdmissionController:
             raise
 
     def _known(self) -> LagSnapshot:
+        """The last reading plus what this process admitted since it began (a burst inside
+        one interval is seen at once, not one interval late)."""
         lag = self._monitor.snapshot()
         if not lag.known:
             raise Refused(
@@ -161,7 +167,8 @@ class AdmissionController:
                 retry_after_s=self._clamp(2 * self._policy.lag_interval_s),
                 lag=None,
             )
-        return lag
+        unseen = self._admitted - self._monitor.mark
+        return replace(lag, lag=lag.lag + unseen) if unseen > 0 else lag
 
     def _check_deadline(
         self, lag: LagSnapshot, max_tokens: int, deadline: datetime, now: datetime

@@ -1,7 +1,8 @@
 """The lag monitor: how far the worker group is behind on the dispatch topic, and how fast
 it drains.
 
-Lag = Σ over partitions (end offset - committed offset of the worker group). Ends come from
+Lag = Σ over partitions (end offset - committed offset of the worker group), plus accepted jobs
+the relay has not published yet (they are backlog too). Ends come from
 the relay's acknowledged sends (exact: it is the only writer); committed offsets from the
 broker. The drain rate μ is measured from committed-offset movement, the arrival rate λ from
 end-offset movement, both smoothed. A reading older than ``stale_after_s`` is "unknown".
@@ -18,12 +19,12 @@ from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from producers.metrics import ARRIVAL_RATE, DRAIN_RATE, LAG, LAG_KNOWN
-from schemas.tables import partition_ends
+from schemas.tables import outbox, partition_ends
 from sluicegate.aio import wait_first
 from sluicegate.kafka import close_client
 
@@ -58,8 +59,8 @@ UNKNOWN = LagSnapshot(
 
 
 class LagSource(Protocol):
-    async def read(self) -> tuple[dict[int, int], dict[int, int]]:
-        """(end offset, committed offset) per partition."""
+    async def read(self) -> tuple[dict[int, int], dict[int, int], int]:
+        """(end offset, committed offset) per partition, and accepted jobs not yet published."""
         ...
 
 
@@ -85,8 +86,15 @@ class LagMonitor:
         self._lambda: float | None = None
         self._updated = asyncio.Event()
         self._cause: str | None = None
+        self._unpublished = 0
+        # Called as a reading starts; its value is kept as ``mark`` once the reading lands,
+        # so that a caller can count what it did after the reading began.
+        self.marker: Callable[[], int] = lambda: 0
+        self.mark = 0
 
-    def update(self, ends: Mapping[int, int], committed: Mapping[int, int]) -> None:
+    def update(
+        self, ends: Mapping[int, int], committed: Mapping[int, int], unpublished: int = 0
+    ) -> None:
         """Take a new reading (the loop calls this; tests call it directly)."""
         now = self._clock()
         if self._read_at is not None and now > self._read_at:
@@ -99,6 +107,7 @@ class LagMonitor:
                 self._mu = self._smooth(self._mu, max(drained, 0) / dt)
             self._lambda = self._smooth(self._lambda, max(arrived, 0) / dt)
         self._ends, self._committed, self._read_at = dict(ends), dict(committed), now
+        self._unpublished = unpublished
         self._cause = None
         snapshot = self.snapshot()
         LAG.set(snapshot.lag)
@@ -122,7 +131,7 @@ class LagMonitor:
         per_partition = self._lag(self._ends, self._committed)
         return LagSnapshot(
             known=age <= self._stale_after_s,
-            lag=sum(per_partition.values()),
+            lag=sum(per_partition.values()) + self._unpublished,
             per_partition=per_partition,
             drain_rate=self._mu,
             arrival_rate=self._lambda,
@@ -136,16 +145,18 @@ class LagMonitor:
 
     async def refresh(self) -> bool:
         """One reading; False (and the old reading ages) when the lag cannot be read."""
+        mark = self.marker()
         try:
             async with asyncio.timeout(self._stale_after_s):
-                ends, committed = await self._source.read()
+                ends, committed, unpublished = await self._source.read()
         except (KafkaError, OSError, TimeoutError, DBAPIError) as exc:
             log.warning("lag monitor: cannot read lag: %r", exc)
             database = isinstance(exc, DBAPIError | OSError) and not isinstance(exc, KafkaError)
             self._cause = "database_unavailable" if database else "broker_unavailable"
             LAG_KNOWN.set(1 if self.snapshot().known else 0)
             return False
-        self.update(ends, committed)
+        self.update(ends, committed, unpublished)
+        self.mark = mark
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -168,7 +179,7 @@ class KafkaLagSource:
         self._partitions = partitions
         self._consumer: AIOKafkaConsumer | None = None
 
-    async def read(self) -> tuple[dict[int, int], dict[int, int]]:
+    async def read(self) -> tuple[dict[int, int], dict[int, int], int]:
         async with self._db.connect() as conn:
             rows = (
                 await conn.execute(
@@ -177,6 +188,13 @@ class KafkaLagSource:
                     )
                 )
             ).all()
+            unpublished = (
+                await conn.execute(
+                    select(func.count())
+                    .select_from(outbox)
+                    .where(outbox.c.published_at.is_(None), outbox.c.topic == self._topic)
+                )
+            ).scalar_one()
         ends = {p: 0 for p in range(self._partitions)} | {r[0]: int(r[1]) for r in rows}
         consumer = await self._connect()
         committed: dict[int, int] = {}
@@ -187,7 +205,7 @@ class KafkaLagSource:
         except (KafkaError, OSError):
             await self.close()
             raise
-        return ends, committed
+        return ends, committed, int(unpublished)
 
     async def _connect(self) -> AIOKafkaConsumer:
         if self._consumer is None:

@@ -214,3 +214,11 @@ async def test_hysteresis_in_reject_mode() -> None:
     clock.t += 0.5
     monitor.update({0: 1000}, {0: 1000 - 95})
     assert await admit(c) == 0.0  # the band applies only on the way down
+
+
+async def test_a_burst_inside_one_reading_is_counted_at_once() -> None:
+    policy = replace(POLICY, soft=5, hard=5)
+    c = controller(0, policy)
+    results = await asyncio.gather(*(admit(c) for _ in range(10)), return_exceptions=True)
+    assert sum(1 for r in results if r == 0.0) == 5
+    assert {r.reason for r in results if isinstance(r, Refused)} == {"lag_hard"}
