@@ -1,0 +1,107 @@
+"""A whole pipeline in one process for benchmarks: embedded PostgreSQL and broker (or the
+URLs in SLUICEGATE_BENCH_DATABASE_URL / SLUICEGATE_BENCH_KAFKA), the API over ASGI, the relay
+and workers as tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+import httpx
+from fastapi import FastAPI
+
+from producers.api import create_app
+from producers.service import run_relay
+from sluicegate import migrate
+from sluicegate.embedded import EmbeddedBroker, EmbeddedPostgres
+from sluicegate.kafka import ensure_topics
+from sluicegate.settings import Settings
+from workers.service import run_worker
+
+
+@dataclass
+class Bench:
+    settings: Settings
+    app: FastAPI
+    client: httpx.AsyncClient
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start_relay(self) -> None:
+        self.tasks.append(asyncio.create_task(run_relay(self.settings, self.stop)))
+
+    def start_worker(self) -> None:
+        self.tasks.append(asyncio.create_task(run_worker(self.settings, self.stop)))
+
+
+@asynccontextmanager
+async def services() -> AsyncIterator[tuple[str, str]]:
+    """(admin database URL, bootstrap) of real services for the whole benchmark run."""
+    with tempfile.TemporaryDirectory(prefix="sluicegate-bench-") as tmp:
+        pg = broker = None
+        try:
+            admin = os.environ.get("SLUICEGATE_BENCH_DATABASE_URL")
+            if admin is None:
+                pg = EmbeddedPostgres(Path(tmp) / "pg")
+                await asyncio.to_thread(pg.start)
+                admin = pg.admin_url
+            bootstrap = os.environ.get("SLUICEGATE_BENCH_KAFKA")
+            if bootstrap is None:
+                broker = EmbeddedBroker(log_path=Path(tmp) / "broker.log")
+                await broker.start()
+                bootstrap = broker.bootstrap
+            yield admin, bootstrap
+        finally:
+            if broker is not None:
+                broker.stop()
+            if pg is not None:
+                await asyncio.to_thread(pg.stop)
+
+
+@asynccontextmanager
+async def pipeline(admin_url: str, bootstrap: str, **overrides: object) -> AsyncIterator[Bench]:
+    name = f"bench_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(admin_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+    await migrate.upgrade_async(url)
+    prefix = f"b{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        database_url=url,
+        kafka_bootstrap_servers=bootstrap,
+        kafka_idempotent_producer=False,
+        dispatch_topic=f"{prefix}.dispatch",
+        events_topic=f"{prefix}.events",
+        dead_letter_topic=f"{prefix}.deadletter",
+        consumer_group=f"{prefix}-workers",
+        log_level="WARNING",
+    ).model_copy(update=overrides)
+    await ensure_topics(bootstrap, settings.topic_partitions())
+    app = create_app(settings)
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://sg") as client:
+                bench = Bench(settings=settings, app=app, client=client)
+                try:
+                    yield bench
+                finally:
+                    bench.stop.set()
+                    await asyncio.gather(*bench.tasks, return_exceptions=True)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
