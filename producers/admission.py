@@ -101,13 +101,24 @@ class AdmissionController:
         self._limits = limits
         self._blocked = 0
         self._throttled = False
-        # Admissions so far; those after the monitor's last reading began are not in it yet.
+        # Admissions so far, and those whose job is committed. A lag reading includes the
+        # jobs committed before it began (its mark) and none admitted after; the rest are
+        # counted here, so that a burst inside one interval is seen at once.
         self._admitted = 0
-        monitor.marker = lambda: self._admitted
+        self._settled = 0
+        monitor.marker = lambda: self._settled
 
     @property
     def blocked(self) -> int:
         return self._blocked
+
+    def settled(self) -> None:
+        """The admitted job is committed: lag readings from now on include it."""
+        self._settled += 1
+
+    def withdrawn(self) -> None:
+        """The admitted request stored no new job (it failed, or was an idempotent replay)."""
+        self._admitted -= 1
 
     async def admit(
         self,

@@ -137,7 +137,15 @@ def create_app(
             deadline=new.deadline,
             now=now,
         )
-        job, created = await repo(request).submit(new)
+        try:
+            job, created = await repo(request).submit(new)
+        except BaseException:
+            admission.withdrawn()
+            raise
+        if created:
+            admission.settled()
+        else:
+            admission.withdrawn()
         if created:
             SUBMITTED.labels(kind=job.kind.value, priority=job.priority.value).inc()
         answer = SubmitResponse(

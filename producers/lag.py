@@ -180,7 +180,10 @@ class KafkaLagSource:
         self._consumer: AIOKafkaConsumer | None = None
 
     async def read(self) -> tuple[dict[int, int], dict[int, int], int]:
+        # One snapshot for both queries: the relay moves rows from "unpublished" to the ends
+        # in one transaction, and reading the two apart could miss them in both.
         async with self._db.connect() as conn:
+            await conn.execution_options(isolation_level="REPEATABLE READ")
             rows = (
                 await conn.execute(
                     select(partition_ends.c.partition, partition_ends.c.end_offset).where(

@@ -77,3 +77,35 @@ async def test_lag_over_threshold_yields_429_then_resumes_with_a_worker(
                 break
             assert response.status_code == 429
             await asyncio.sleep(0.1)
+
+
+async def test_block_mode_waits_then_admits_and_bounds_waiters(settings: Settings) -> None:
+    blocking = settings.model_copy(
+        update={
+            "lag_soft": 3,
+            "lag_hard": 50,
+            "admission_mode": "block",
+            "max_block_ms": 30_000,
+            "max_blocked": 1,
+            "lag_interval_s": 0.2,
+            "deadline_aware": False,
+            "sim_token_time_s": 0.001,
+        }
+    )
+    body = {"kind": "summarize", "input": DOC, "ttl_s": 600}
+    async for p in open_pipeline(blocking):
+        p.start(run_relay)
+        for _ in range(3):
+            assert (await p.client.post("/v1/jobs", json=body)).status_code == 202
+        started = asyncio.get_running_loop().time()
+        waiter = asyncio.ensure_future(p.client.post("/v1/jobs", json=body))
+        await asyncio.sleep(0.5)
+        assert not waiter.done()  # between the thresholds: it waits, it is not refused
+        extra = await p.client.post("/v1/jobs", json=body)
+        assert extra.status_code == 429
+        assert extra.json()["reason"] == "too_many_blocked"
+        p.start(run_worker)
+        answer = await asyncio.wait_for(waiter, 30)
+        assert answer.status_code == 202
+        assert asyncio.get_running_loop().time() - started > 0.5
+        assert await stored_jobs(blocking) == 4

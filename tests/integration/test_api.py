@@ -194,4 +194,12 @@ async def test_database_down_answers_503_with_retry_after(settings: Settings) ->
 async def test_metrics_endpoint(api: httpx.AsyncClient) -> None:
     await api.post("/v1/jobs", json={"kind": "complete", "input": "x"})
     text = (await api.get("/metrics")).text
-    assert "sluicegate_jobs_submitted_total" in text
+    for name in (
+        "sluicegate_jobs_submitted_total",
+        "sluicegate_lag_records",
+        "sluicegate_drain_rate",
+        "sluicegate_arrival_rate",
+        "sluicegate_admission_decisions_total",
+        "sluicegate_admission_blocked",
+    ):
+        assert name in text
