@@ -24,6 +24,11 @@ class Capacity:
     total_slots: int
     free_slots: int
     running: int
+    waiting: int = 0
+    total_blocks: int = 0
+    free_blocks: int = 0
+    block_size: int = 16
+    preemptions: int = 0
 
 
 class InferenceEngine(Protocol):

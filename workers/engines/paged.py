@@ -1,0 +1,176 @@
+"""The paged-KV simulator: continuous batching over a block allocator sized from a model and
+a GPU profile, stepped in simulated roofline time. The CPU stand-in for a vLLM engine.
+
+One step loop drives the scheduler; each step sleeps its roofline time (times
+``time_scale``) and then hands every request that decoded in it one output piece. Requests
+queue inside the engine when blocks run short, exactly as in vLLM: it is the worker's job to
+start only what the KV cache can hold (``capacity()`` reports the blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from workers.engines.base import Capacity, GenerationRequest
+from workers.engines.batching import BatchScheduler, SimRequest
+from workers.engines.blocks import BlockAllocator
+from workers.engines.profiles import GPU_80GB, LLAMA_8B, GpuProfile, ModelProfile, Roofline
+from workers.engines.profiles import num_gpu_blocks as profile_blocks
+from workers.engines.sim import (
+    DuplicateRequest,
+    EngineError,
+    EngineNotRunning,
+    simulated_output,
+)
+from workers.tokens import count_tokens
+
+
+class RequestTooLarge(EngineError):
+    code = "request_too_large"
+    status = 422
+
+
+@dataclass
+class _Stream:
+    pieces: list[str]
+    ready: int = 0  # pieces decoded so far
+    ended: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def notify(self) -> None:
+        self.changed.set()
+
+
+class PagedSimEngine:
+    name: str = "sim"
+
+    def __init__(
+        self,
+        *,
+        model: ModelProfile = LLAMA_8B,
+        gpu: GpuProfile = GPU_80GB,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int = 256,
+        time_scale: float = 1.0,
+    ) -> None:
+        blocks = num_blocks or profile_blocks(model, gpu, block_size)
+        self.block_size = block_size
+        self._roofline = Roofline(model=model, gpu=gpu)
+        self._scheduler = BatchScheduler(
+            BlockAllocator(blocks, block_size),
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+        )
+        self._time_scale = time_scale
+        self._streams: dict[str, _Stream] = {}
+        self._work = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+        self.tokens_decoded = 0
+
+    async def start(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.create_task(self._run(), name="sim-step-loop")
+
+    async def close(self) -> None:
+        for request_id in list(self._streams):
+            await self.abort(request_id)
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+            self._loop = None
+
+    def count_tokens(self, text: str) -> int:
+        return count_tokens(text)
+
+    def capacity(self) -> Capacity:
+        s = self._scheduler
+        return Capacity(
+            total_slots=s.max_num_seqs,
+            free_slots=s.max_num_seqs - len(s.running) - len(s.waiting),
+            running=len(s.running),
+            waiting=len(s.waiting),
+            total_blocks=s.allocator.num_blocks,
+            free_blocks=s.allocator.free_blocks,
+            block_size=self.block_size,
+            preemptions=s.preemptions,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        if self._scheduler.abort(request_id):
+            self._work.set()
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.ended = True
+            stream.notify()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        if self._loop is None:
+            raise EngineNotRunning("the simulator engine is not started (or already closed)")
+        if request.request_id in self._streams:
+            raise DuplicateRequest(f"request {request.request_id!r} is already running")
+        pieces = simulated_output(request)
+        stream = _Stream(pieces=pieces)
+        if not pieces:
+            return
+        prompt_tokens = max(1, count_tokens(request.input))
+        allocator = self._scheduler.allocator
+        if allocator.blocks_for(prompt_tokens + len(pieces)) > allocator.num_blocks:
+            raise RequestTooLarge(
+                f"{prompt_tokens + len(pieces)} tokens do not fit in the whole KV cache"
+            )
+        self._streams[request.request_id] = stream
+        self._scheduler.add(
+            SimRequest(
+                id=request.request_id,
+                prompt_tokens=prompt_tokens,
+                output_tokens=len(pieces),
+            )
+        )
+        self._work.set()
+        given = 0
+        try:
+            while given < len(pieces):
+                while stream.ready <= given and not stream.ended:
+                    stream.changed.clear()
+                    await stream.changed.wait()
+                if stream.ready <= given:
+                    return  # aborted
+                yield pieces[given]
+                given += 1
+        finally:
+            if self._streams.get(request.request_id) is stream:
+                await self.abort(request.request_id)
+
+    async def _run(self) -> None:
+        while True:
+            if not self._scheduler.running and not self._scheduler.waiting:
+                self._work.clear()
+                await self._work.wait()
+            step = self._scheduler.step()
+            if step.idle:
+                self._work.clear()
+                await self._work.wait()  # nothing could run: wait for an add or an abort
+                continue
+            seconds = self._roofline.step_s(
+                prefill_tokens=step.prefill_tokens,
+                decode_requests=step.decode_requests,
+                kv_tokens=step.kv_tokens,
+            )
+            await asyncio.sleep(seconds * self._time_scale)
+            for request_id in step.emitted:
+                stream = self._streams.get(request_id)
+                if stream is not None:
+                    stream.ready += 1
+                    self.tokens_decoded += 1
+                    stream.notify()
+            for request_id in step.finished:
+                stream = self._streams.get(request_id)
+                if stream is not None:
+                    stream.ended = True
+                    stream.notify()
