@@ -31,13 +31,13 @@ class Pipeline:
     def start(self, role: Role) -> None:
         self.tasks.append(asyncio.ensure_future(role(self.settings, self.stop)))
 
-    def start_worker(self, role: Role) -> None:
+    def start_restartable(self, role: Role) -> None:
         """A role with a stop event of its own, so that it can be restarted alone."""
         own = asyncio.Event()
         task = asyncio.ensure_future(role(self.settings, own))
         self.workers.append((task, own, role))
 
-    async def stop_workers(self) -> list[Role]:
+    async def stop_restartable(self) -> list[Role]:
         old, self.workers = self.workers, []
         for task, own, _ in old:
             own.set()

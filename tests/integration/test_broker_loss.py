@@ -24,24 +24,24 @@ async def test_broker_killed_between_accept_and_dispatch(
         update={"kafka_bootstrap_servers": broker.bootstrap, "sim_token_time_s": 0.0005}
     )
     async for pipeline in open_pipeline(own):
-        pipeline.start(run_relay)
-        pipeline.start_worker(run_worker)
+        pipeline.start_restartable(run_relay)
+        pipeline.start_restartable(run_worker)
         before = await pipeline.submit(5)
         await pipeline.wait_terminal(before)
 
         broker.kill()  # memory storage: every record and offset is gone
         accepted = await pipeline.submit(10)  # the API needs only PostgreSQL
         await asyncio.sleep(1.0)  # the relay fails to publish meanwhile
-        # What `sluicegate up` does when its embedded broker dies: stop the workers (their
-        # positions index the lost log, and a subscribed consumer would make Tansu
-        # auto-create the topic with defaults), start a new broker, create the topics, then
-        # start the workers again. The relay recovers on its own: after a failure it makes
-        # sure the topics exist before it sends again.
-        roles = await pipeline.stop_workers()
+        # What `sluicegate up` does when its embedded broker dies: stop the relay and the
+        # workers (their positions index the lost log, and a client that reconnects first
+        # makes Tansu auto-create a topic with defaults, which serves no fetches), start a
+        # new broker, create the topics, then start them again. The accepted jobs wait in
+        # the outbox meanwhile.
+        roles = await pipeline.stop_restartable()
         await broker.restart()
         await ensure_topics(broker.bootstrap, own.topic_partitions())
         for role in roles:
-            pipeline.start_worker(role)
+            pipeline.start_restartable(role)
 
         views = await pipeline.wait_terminal(accepted, timeout_s=90)
         assert {v["state"] for v in views.values()} == {"succeeded"}
