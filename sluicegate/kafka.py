@@ -29,8 +29,11 @@ def make_producer(bootstrap: str, *, idempotent: bool) -> AIOKafkaProducer:
     )
 
 
-def make_consumer(bootstrap: str, *topics: str, group_id: str) -> AIOKafkaConsumer:
-    """Manual commits only: the worker commits its watermark itself."""
+def make_consumer(
+    bootstrap: str, *topics: str, group_id: str, fetch_bytes: int = 256 * 1024
+) -> AIOKafkaConsumer:
+    """Manual commits only: the worker commits its watermark itself. ``fetch_bytes`` bounds
+    what the client prefetches per partition (and, ten times over, per fetch)."""
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,
@@ -38,7 +41,8 @@ def make_consumer(bootstrap: str, *topics: str, group_id: str) -> AIOKafkaConsum
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         metadata_max_age_ms=METADATA_MAX_AGE_MS,
-        max_partition_fetch_bytes=256 * 1024,
+        max_partition_fetch_bytes=fetch_bytes,
+        fetch_max_bytes=10 * fetch_bytes,
     )
 
 

@@ -74,11 +74,42 @@ class Settings(BaseSettings):
     relay_send_timeout_s: float = Field(default=15.0, gt=0)
 
     # Workers
-    engine: Literal["sim"] = "sim"
-    worker_concurrency: int = Field(default=4, ge=1)
-    sim_token_time_s: float = Field(default=0.002, ge=0)
-    sim_prefill_token_time_s: float = Field(default=0.00002, ge=0)
+    engine: Literal["sim", "vllm_http", "vllm_local"] = "sim"
+    # How a worker pulls: "kv" starts a job only when the engine's KV cache can hold it;
+    # "greedy" takes every record it can fetch and lets the engine queue (for comparison).
+    pull_policy: Literal["kv", "greedy"] = "kv"
+    # Jobs in flight on one worker at most, whatever the KV cache could hold.
+    worker_max_running: int = Field(default=256, ge=1)
+    worker_db_pool_size: int = Field(default=8, ge=1)
+    # Fraction of the KV cache a worker keeps free beyond every reservation (vLLM's own
+    # scheduler keeps a 1 % watermark too).
+    kv_watermark: float = Field(default=0.01, ge=0, lt=1)
+    # Output tokens to reserve for a job: its max_tokens, or once enough jobs of its kind
+    # finished here, a high quantile of their observed output (capped by max_tokens).
+    expected_output: Literal["max_tokens", "observed"] = "max_tokens"
+    observed_quantile: float = Field(default=0.95, gt=0, le=1)
+    observed_min_samples: int = Field(default=50, ge=1)
+    observed_window: int = Field(default=1000, ge=1)
+    # Bytes a worker's consumer fetches per partition at once (bounds the client's
+    # prefetch of records it has not taken yet).
+    worker_fetch_bytes: int = Field(default=64 * 1024, ge=1024)
     drain_timeout_s: float = Field(default=20.0, gt=0)
+
+    # Simulator engine (engine = "sim"): an 8B Llama-class model on an 80 GB GPU by default.
+    sim_time_scale: float = Field(default=1.0, ge=0)
+    sim_num_blocks: int | None = Field(default=None, ge=1)  # None: sized from the profiles
+    sim_block_size: int = Field(default=16, ge=1)
+    sim_max_num_seqs: int = Field(default=256, ge=1)
+    sim_max_num_batched_tokens: int = Field(default=8192, ge=1)
+
+    # vLLM engines. vllm_http: a `vllm serve` (or `sluicegate sim-server`) at vllm_url;
+    # vllm_local: an in-process AsyncLLM of vllm_model (needs the vllm extra and a GPU).
+    vllm_url: str = "http://127.0.0.1:8001"
+    vllm_model: str = "meta-llama/Llama-3.1-8B-Instruct"
+    vllm_metrics_interval_s: float = Field(default=0.1, gt=0)
+    vllm_request_timeout_s: float = Field(default=600.0, gt=0)
+    vllm_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    vllm_max_model_len: int | None = Field(default=None, ge=1)
 
     def topic_partitions(self) -> dict[str, int]:
         return {

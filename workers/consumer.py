@@ -1,10 +1,13 @@
-"""The worker's consumer loop: pull only what the engine can start, commit the watermark."""
+"""The worker's consumer loop: take a record only when the engine can start its job, pause
+the partitions while it cannot, commit each partition up to its lowest unfinished job."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -14,36 +17,50 @@ from pydantic import ValidationError
 from schemas.envelopes import DispatchEnvelope
 from sluicegate.aio import wait_first
 from sluicegate.kafka import cluster_id
-from workers.engines.base import InferenceEngine
 from workers.execution import Executor
-from workers.metrics import DEAD_LETTERED, JOBS_RUNNING
+from workers.gate import PullGate
+from workers.metrics import DEAD_LETTERED, JOBS_RUNNING, PAUSED_SECONDS
 from workers.offsets import OffsetTracker
 
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 500
+# While paused, how often capacity is looked at again without a job ending (a remote
+# engine's capacity changes between its scrapes), and the broker polled to stay in the group.
+RECHECK_S = 0.05
+
+
+@dataclass(frozen=True)
+class Held:
+    """The one record taken from Kafka whose job cannot start yet."""
+
+    tp: TopicPartition
+    offset: int
+    envelope: DispatchEnvelope
 
 
 class Worker:
     """One member of the worker consumer group.
 
-    It asks the broker for at most as many records as the engine can start now, pauses its
-    partitions while it is full, and commits each partition only up to the lowest offset
-    whose job is not yet terminal.
+    It takes one record at a time, and only when it could start a job now; a record whose
+    job does not fit is held (never more than one) and the assigned partitions are paused
+    (no rebalance: the group sees a slow member, Kafka sees lag, the producers push back)
+    until a job ends and frees room. Each partition is committed only up to the lowest
+    offset whose job is not yet terminal.
     """
 
     def __init__(
         self,
         *,
         consumer: AIOKafkaConsumer,
-        engine: InferenceEngine,
+        gate: PullGate,
         executor: Executor,
         topic: str,
         bootstrap: str,
         drain_timeout_s: float,
     ) -> None:
         self._consumer = consumer
-        self._engine = engine
+        self._gate = gate
         self._executor = executor
         self._topic = topic
         self._bootstrap = bootstrap
@@ -54,57 +71,96 @@ class Worker:
         self._jobs: dict[asyncio.Task[None], str] = {}
         self._changed = asyncio.Event()
         self._commit_lock = asyncio.Lock()
-        self._paused = False
+        self._paused_since: float | None = None
+        self.held: Held | None = None
 
     @property
     def running(self) -> int:
         return len(self._tasks)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused_since is not None
 
     async def run(self, stop: asyncio.Event) -> None:
         self._cluster = await cluster_id(self._bootstrap)
         self._consumer.subscribe([self._topic], listener=_Rebalance(self))
         try:
             while not stop.is_set():
-                free = self._engine.capacity().total_slots - self.running
-                if free <= 0:
-                    self._pause()
-                    self._changed.clear()
-                    await wait_first(stop, self._changed)
-                    continue
-                self._resume()
-                batches = await self._consumer.getmany(
-                    timeout_ms=FETCH_TIMEOUT_MS, max_records=free
-                )
-                for tp, records in batches.items():
-                    for record in records:
-                        self._start(tp, record)
+                if self.held is None:
+                    if not self._gate.room():
+                        await self._wait_for_room(stop)
+                        continue
+                    self._resume()
+                    self.held = await self._take()
+                elif self._gate.admits(self.held.envelope):
+                    self._start(self.held)
+                    self.held = None
+                else:
+                    await self._wait_for_room(stop)
         finally:
+            self._resume()
             await self._drain()
 
-    def _start(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes]) -> None:
-        self._offsets.started(tp, record.offset)
+    async def _take(self) -> Held | None:
+        """The next record, if one comes within the fetch timeout and is a job to run."""
+        batches = await self._consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=1)
+        for tp, records in batches.items():
+            for record in records:
+                return self._decode(tp, record)
+        return None
+
+    def _decode(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes]) -> Held | None:
         try:
             envelope = DispatchEnvelope.model_validate_json(record.value or b"")
         except ValidationError as exc:
             DEAD_LETTERED.labels(reason="invalid_envelope").inc()
             log.error("undecodable record %s@%d skipped: %s", tp, record.offset, exc)
-            self._offsets.finished(tp, record.offset)
-            return
+            self._skip(tp, record.offset)
+            return None
         if envelope.job_id in self._jobs.values():
             # A repeated dispatch record (the relay re-sends after an unacknowledged batch)
             # of a job this worker is running: the first record's offset holds the watermark.
             log.info("job %s is already running here; duplicate record skipped", envelope.job_id)
-            self._offsets.finished(tp, record.offset)
-            return
-        task = asyncio.create_task(self._executor.run(envelope), name=f"job-{envelope.job_id}")
-        self._tasks[task] = tp
-        self._jobs[task] = envelope.job_id
+            self._skip(tp, record.offset)
+            return None
+        return Held(tp, record.offset, envelope)
+
+    def _skip(self, tp: TopicPartition, offset: int) -> None:
+        self._offsets.started(tp, offset)
+        self._offsets.finished(tp, offset)
+
+    async def _wait_for_room(self, stop: asyncio.Event) -> None:
+        """Pause, and wait for a job to end (or a moment, for remote capacity to move)."""
+        self._pause()
+        self._changed.clear()
+        await wait_first(stop, self._changed, limit_s=RECHECK_S)
+        await self._keep_alive()
+
+    async def _keep_alive(self) -> None:
+        """Poll with every partition paused: it keeps this member inside
+        max.poll.interval.ms however long the jobs run. A partition assigned by a rebalance
+        meanwhile is not paused yet; a record it yields is put back (seek), not taken."""
+        batches = await self._consumer.getmany(timeout_ms=0, max_records=1)
+        for tp, records in batches.items():
+            if records:
+                self._consumer.seek(tp, records[0].offset)
+
+    def _start(self, held: Held) -> None:
+        self._offsets.started(held.tp, held.offset)
+        progress = self._gate.started(held.envelope)
+        job_id = held.envelope.job_id
+        task = asyncio.create_task(
+            self._executor.run(held.envelope, progress), name=f"job-{job_id}"
+        )
+        self._tasks[task] = held.tp
+        self._jobs[task] = job_id
         JOBS_RUNNING.set(self.running)
-        task.add_done_callback(lambda t: self._done(t, record.offset))
+        task.add_done_callback(lambda t: self._done(t, held.offset))
 
     def _done(self, task: asyncio.Task[None], offset: int) -> None:
         tp = self._tasks.pop(task)
-        self._jobs.pop(task, None)
+        self._gate.finished(self._jobs.pop(task))
         JOBS_RUNNING.set(self.running)
         self._changed.set()
         if task.cancelled():
@@ -128,7 +184,13 @@ class Worker:
             self._offsets.committed(due)
 
     async def finish_partitions(self, partitions: set[TopicPartition]) -> None:
-        """Let the jobs of revoked partitions end (bounded), commit, then let go of them."""
+        """Let the jobs of revoked partitions end (bounded), commit, then let go of them.
+
+        A held record of those partitions is dropped: it was never started, and the new
+        owner reads it from the committed offset.
+        """
+        if self.held is not None and self.held.tp in partitions:
+            self.held = None
         tasks = [t for t, tp in self._tasks.items() if tp in partitions]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=self._drain_timeout_s)
@@ -161,19 +223,24 @@ class Worker:
         return False
 
     def assigned(self) -> None:
-        """A new assignment starts unpaused (positions come from the committed offsets);
-        the loop pauses again if it must."""
-        self._paused = False
+        """A new assignment starts unpaused (the client forgets pauses on rebalance); the
+        loop pauses again if it must."""
+        self._count_paused()
 
     def _pause(self) -> None:
-        if not self._paused:
+        if self._paused_since is None:
             self._consumer.pause(*self._consumer.assignment())
-            self._paused = True
+            self._paused_since = time.monotonic()
 
     def _resume(self) -> None:
-        if self._paused:
+        if self._paused_since is not None:
             self._consumer.resume(*self._consumer.assignment())
-            self._paused = False
+            self._count_paused()
+
+    def _count_paused(self) -> None:
+        if self._paused_since is not None:
+            PAUSED_SECONDS.inc(time.monotonic() - self._paused_since)
+            self._paused_since = None
 
     async def _drain(self) -> None:
         with contextlib.suppress(KafkaError):

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -25,12 +25,33 @@ _TRANSIENT = (OperationalError, InterfaceError, PoolTimeout, OSError)
 MAX_BACKOFF_S = 5.0
 
 
+class Progress(Protocol):
+    """Told how a job's decoding goes (the pull gate's KV ledger listens)."""
+
+    def prompt_counted(self, tokens: int) -> None: ...
+
+    def decoded(self) -> None: ...
+
+    def completed(self, output_tokens: int) -> None: ...
+
+
+class _Unwatched:
+    def prompt_counted(self, tokens: int) -> None:
+        pass
+
+    def decoded(self) -> None:
+        pass
+
+    def completed(self, output_tokens: int) -> None:
+        pass
+
+
 class Executor:
     def __init__(self, *, engine: InferenceEngine, repo: WorkerRepository) -> None:
         self._engine = engine
         self._repo = repo
 
-    async def run(self, envelope: DispatchEnvelope) -> None:
+    async def run(self, envelope: DispatchEnvelope, progress: Progress | None = None) -> None:
         """Run the job to a terminal state, or leave it for redelivery if stopped first."""
         job = await self._retrying(lambda: self._repo.claim(envelope.job_id))
         if job is None:
@@ -41,11 +62,11 @@ class Executor:
                 job, JobState.EXPIRED, error={"code": "deadline_passed", "message": "expired"}
             )
             return
-        state, result, error = await self._decode(job)
+        state, result, error = await self._decode(job, progress or _Unwatched())
         await self._finish(job, state, result=result, error=error)
 
     async def _decode(
-        self, job: Claimed
+        self, job: Claimed, progress: Progress
     ) -> tuple[JobState, dict[str, Any] | None, dict[str, Any] | None]:
         request = GenerationRequest(
             request_id=f"{job.id}:{job.attempt}",
@@ -53,23 +74,28 @@ class Executor:
             input=job.input,
             max_tokens=job.max_tokens,
         )
+        prompt_tokens = self._engine.count_tokens(job.input)
+        progress.prompt_counted(prompt_tokens)
         JOBS_STARTED.inc()
         pieces: list[str] = []
         try:
             async for piece in self._engine.generate(request):
                 pieces.append(piece)
+                progress.decoded()
                 TOKENS_DECODED.inc()
         except asyncio.CancelledError:
             await asyncio.shield(self._engine.abort(request.request_id))
             raise
         except Exception as exc:
             log.exception("engine failed on job %s", job.id)
-            return JobState.FAILED, None, {"code": "engine_error", "message": str(exc)[:500]}
+            code = getattr(exc, "code", "engine_error")
+            return JobState.FAILED, None, {"code": code, "message": str(exc)[:500]}
+        progress.completed(len(pieces))
         result = {
             "text": "".join(pieces),
             "engine": self._engine.name,
             "simulated": self._engine.name == "sim",
-            "prompt_tokens": self._engine.count_tokens(job.input),
+            "prompt_tokens": prompt_tokens,
             "output_tokens": len(pieces),
         }
         return JobState.SUCCEEDED, result, None

@@ -1,10 +1,20 @@
-"""Prometheus metrics of a worker."""
+"""Prometheus metrics of a worker.
+
+The gauges that mirror the engine and the KV ledger are read when scraped, from the worker
+that ``watch`` was last called with (one worker per process).
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from schemas import constants
+
+if TYPE_CHECKING:
+    from workers.engines.base import InferenceEngine
+    from workers.gate import PullGate
 
 JOBS_STARTED = Counter(constants.M_JOBS_STARTED, "Jobs handed to the engine")
 JOBS_FINISHED = Counter(constants.M_JOBS_FINISHED, "Terminal states written", ["state"])
@@ -16,3 +26,21 @@ JOB_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900),
 )
 DEAD_LETTERED = Counter(constants.M_DEAD_LETTERED, "Records that could not be decoded", ["reason"])
+PAUSED_SECONDS = Counter(
+    constants.M_PAUSED_SECONDS, "Seconds the worker's partitions were paused for lack of room"
+)
+UNDER_RESERVED = Counter(
+    constants.M_UNDER_RESERVED, "Jobs that decoded more tokens than were reserved for them"
+)
+KV_USAGE = Gauge(constants.M_KV_USAGE, "Fraction of the engine's KV blocks in use")
+KV_FREE = Gauge(constants.M_KV_FREE, "Free KV blocks the engine reports")
+KV_RESERVED = Gauge(constants.M_KV_RESERVED, "KV blocks reserved for the growth of running jobs")
+PREEMPTIONS = Gauge(constants.M_PREEMPTIONS, "Preemptions the engine counted since it started")
+
+
+def watch(engine: InferenceEngine, gate: PullGate) -> None:
+    """Point the engine and ledger gauges at this worker's engine and gate."""
+    KV_USAGE.set_function(lambda: engine.capacity().usage)
+    KV_FREE.set_function(lambda: engine.capacity().free_blocks)
+    PREEMPTIONS.set_function(lambda: engine.capacity().preemptions)
+    KV_RESERVED.set_function(gate.reserved_blocks)

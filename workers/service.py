@@ -17,6 +17,9 @@ from workers.consumer import Worker
 from workers.engines.base import InferenceEngine
 from workers.engines.sim import SimEngine
 from workers.execution import Executor
+from workers.gate import PullGate
+from workers.kv import ExpectedOutput
+from workers.metrics import watch
 from workers.repository import WorkerRepository
 
 log = logging.getLogger(__name__)
@@ -25,17 +28,57 @@ log = logging.getLogger(__name__)
 def build_engine(settings: Settings) -> InferenceEngine:
     if settings.engine == "sim":
         return SimEngine(
-            token_time_s=settings.sim_token_time_s,
-            prefill_token_time_s=settings.sim_prefill_token_time_s,
-            slots=settings.worker_concurrency,
+            block_size=settings.sim_block_size,
+            num_blocks=settings.sim_num_blocks,
+            max_num_seqs=settings.sim_max_num_seqs,
+            max_num_batched_tokens=settings.sim_max_num_batched_tokens,
+            time_scale=settings.sim_time_scale,
+        )
+    if settings.engine == "vllm_http":
+        from workers.engines.vllm_http import VllmHttpEngine
+
+        return VllmHttpEngine(
+            base_url=settings.vllm_url,
+            model=settings.vllm_model,
+            metrics_interval_s=settings.vllm_metrics_interval_s,
+            request_timeout_s=settings.vllm_request_timeout_s,
+        )
+    if settings.engine == "vllm_local":
+        from workers.engines.vllm_local import VllmLocalEngine
+
+        return VllmLocalEngine(
+            model=settings.vllm_model,
+            gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+            max_model_len=settings.vllm_max_model_len,
+            block_size=settings.sim_block_size,
+            max_num_seqs=settings.sim_max_num_seqs,
         )
     raise ValueError(f"unknown engine {settings.engine!r}")
+
+
+def build_gate(settings: Settings, engine: InferenceEngine) -> PullGate:
+    return PullGate(
+        engine,
+        policy=settings.pull_policy,
+        max_running=settings.worker_max_running,
+        watermark=settings.kv_watermark,
+        expected=ExpectedOutput(
+            observed=settings.expected_output == "observed",
+            quantile=settings.observed_quantile,
+            min_samples=settings.observed_min_samples,
+            window=settings.observed_window,
+        ),
+    )
 
 
 async def start_consumer(settings: Settings, stop: asyncio.Event) -> AIOKafkaConsumer | None:
     backoff = 0.2
     while not stop.is_set():
-        consumer = make_consumer(settings.require_kafka(), group_id=settings.consumer_group)
+        consumer = make_consumer(
+            settings.require_kafka(),
+            group_id=settings.consumer_group,
+            fetch_bytes=settings.worker_fetch_bytes,
+        )
         try:
             await consumer.start()
         except (KafkaError, OSError) as exc:
@@ -54,7 +97,7 @@ async def run_worker(
     if settings.metrics_port is not None:
         start_http_server(settings.metrics_port)
     inference = engine if engine is not None else build_engine(settings)
-    db = make_engine(settings.require_database_url(), pool_size=settings.worker_concurrency + 1)
+    db = make_engine(settings.require_database_url(), pool_size=settings.worker_db_pool_size)
     await inference.start()
     try:
         consumer = await start_consumer(settings, stop)
@@ -65,9 +108,11 @@ async def run_worker(
                 engine=inference,
                 repo=WorkerRepository(db, events_topic=settings.events_topic),
             )
+            gate = build_gate(settings, inference)
+            watch(inference, gate)
             worker = Worker(
                 consumer=consumer,
-                engine=inference,
+                gate=gate,
                 executor=executor,
                 topic=settings.dispatch_topic,
                 bootstrap=settings.require_kafka(),

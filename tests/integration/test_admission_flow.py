@@ -25,7 +25,7 @@ async def pipeline(settings: Settings) -> AsyncIterator[Pipeline]:
             "admission_mode": "reject",
             "lag_interval_s": 0.2,
             "deadline_aware": False,
-            "sim_token_time_s": 0.001,
+            "sim_time_scale": 0.1,
         }
     )
     async for p in open_pipeline(tight):
@@ -89,7 +89,7 @@ async def test_block_mode_waits_then_admits_and_bounds_waiters(settings: Setting
             "max_blocked": 1,
             "lag_interval_s": 0.2,
             "deadline_aware": False,
-            "sim_token_time_s": 0.001,
+            "sim_time_scale": 0.1,
         }
     )
     body = {"kind": "summarize", "input": DOC, "ttl_s": 600}

@@ -21,7 +21,7 @@ async def test_broker_killed_between_accept_and_dispatch(
     settings: Settings, broker: EmbeddedBroker
 ) -> None:
     own = settings.model_copy(
-        update={"kafka_bootstrap_servers": broker.bootstrap, "sim_token_time_s": 0.0005}
+        update={"kafka_bootstrap_servers": broker.bootstrap, "sim_time_scale": 0.05}
     )
     async for pipeline in open_pipeline(own):
         pipeline.start_restartable(run_relay)

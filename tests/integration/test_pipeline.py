@@ -19,7 +19,7 @@ from workers.service import run_worker
 
 @pytest.fixture
 async def pipeline(settings: Settings) -> AsyncIterator[Pipeline]:
-    fast = settings.model_copy(update={"sim_token_time_s": 0.001, "worker_concurrency": 4})
+    fast = settings.model_copy(update={"sim_time_scale": 0.1})
     async for p in open_pipeline(fast):
         yield p
 

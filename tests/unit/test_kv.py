@@ -2,9 +2,11 @@
 
 import pytest
 
+from schemas.jobs import JobKind
+from workers.engines.batching import BatchScheduler, SimRequest
 from workers.engines.blocks import BlockAllocator, OutOfBlocks
 from workers.engines.profiles import GPU_80GB, LLAMA_8B, Roofline, num_gpu_blocks
-from workers.kv import KvLedger, kv_need
+from workers.kv import ExpectedOutput, KvLedger, kv_need
 
 
 def test_allocator_grows_in_blocks_and_frees_exactly() -> None:
@@ -62,14 +64,67 @@ def test_kv_need_is_the_ceiling_over_block_size() -> None:
 
 def test_reservation_covers_growth_of_running_jobs() -> None:
     ledger = KvLedger(block_size=16, watermark_blocks=2)
-    # A running job prefilled 32 tokens (2 blocks held) and will grow to 10 blocks.
-    ledger.started("a", prompt_tokens=32, need_blocks=10)
+    # A job of 32 prompt tokens that will end at 10 blocks: before its first token the
+    # engine may not have given it anything, so all 10 are reserved.
+    ledger.started("a", prompt_tokens=32, expected_output=128)
+    assert ledger.reserved_growth() == 10
+    ledger.decoded("a")  # prefilled: 2 blocks held (the first token's KV is not written yet)
     assert ledger.reserved_growth() == 8
     # 20 free: 20 - 8 reserved - 2 watermark = 10 available
+    assert ledger.available(20) == 10
     assert ledger.can_start(10, free_blocks=20)
     assert not ledger.can_start(11, free_blocks=20)
-    ledger.decoded("a", 32)  # 4 blocks held now: 6 still to come
+    ledger.decoded("a", 32)  # 32 + 32 tokens written: 4 blocks held, 6 still to come
     assert ledger.reserved_growth() == 6
-    ledger.finished("a")
+    assert ledger.finished("a") == (128, 33)
     assert ledger.reserved_growth() == 0
     assert ledger.can_start(18, free_blocks=20)
+
+
+def test_the_engines_prompt_count_replaces_the_estimate() -> None:
+    ledger = KvLedger(block_size=16)
+    ledger.started("a", prompt_tokens=100, expected_output=28)  # 8 blocks
+    ledger.prompt_counted("a", 120)  # 148 tokens: 10 blocks
+    assert ledger.reserved("a") == 10
+
+
+def test_a_job_that_outgrows_its_reservation_reserves_nothing_more() -> None:
+    ledger = KvLedger(block_size=16)
+    ledger.started("a", prompt_tokens=16, expected_output=16)
+    ledger.decoded("a", 100)
+    assert ledger.reserved("a") == 0
+    assert ledger.finished("a") == (16, 100)
+
+
+def test_reservations_match_the_simulators_blocks_exactly() -> None:
+    """Reserved growth plus the blocks the engine holds is the need, at every step."""
+    allocator = BlockAllocator(num_blocks=100, block_size=16)
+    scheduler = BatchScheduler(allocator)
+    ledger = KvLedger(block_size=16)
+    scheduler.add(SimRequest(id="a", prompt_tokens=40, output_tokens=50))
+    ledger.started("a", prompt_tokens=40, expected_output=50)
+    need = kv_need(40, 50, 16)
+    while scheduler.running or scheduler.waiting:
+        step = scheduler.step()
+        if "a" in step.emitted:
+            ledger.decoded("a")
+        if "a" in step.finished:
+            break
+        assert allocator.held("a") + ledger.reserved("a") == need
+
+
+def test_expected_output_is_max_tokens_until_enough_samples() -> None:
+    expected = ExpectedOutput(observed=True, quantile=0.9, min_samples=10)
+    for n in range(1, 10):
+        expected.record(JobKind.SUMMARIZE, n * 10)
+    assert expected.tokens(JobKind.SUMMARIZE, 500) == 500
+    expected.record(JobKind.SUMMARIZE, 100)
+    assert expected.tokens(JobKind.SUMMARIZE, 500) == 90  # the 9th of 10 sorted lengths
+    assert expected.tokens(JobKind.SUMMARIZE, 50) == 50  # never above max_tokens
+    assert expected.tokens(JobKind.COMPLETE, 500) == 500  # per kind
+
+
+def test_expected_output_off_always_reserves_max_tokens() -> None:
+    expected = ExpectedOutput(observed=False, min_samples=1)
+    expected.record(JobKind.SUMMARIZE, 10)
+    assert expected.tokens(JobKind.SUMMARIZE, 500) == 500

@@ -1,234 +1,133 @@
+"""What only the simulator engine does: paged KV, preemption, roofline time. The behaviour
+every engine shares is in tests/contract."""
+
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 
 from schemas.jobs import JobKind
-from workers.engines.base import Capacity, GenerationRequest, InferenceEngine
-from workers.engines.sim import (
-    COMPLETION_MARK,
-    DuplicateRequest,
-    EngineAtCapacity,
-    EngineNotRunning,
-    SimEngine,
-    pseudo_completion,
-    simulated_output,
-)
-from workers.summarize import split_sentences, summarize
-from workers.tokens import tokenize
+from workers.engines.base import GenerationRequest, InferenceEngine
+from workers.engines.errors import RequestTooLarge
+from workers.engines.output import simulated_output
+from workers.engines.profiles import GPU_80GB, LLAMA_8B, Roofline
+from workers.engines.sim import SimEngine
 
-DOC = (
-    "The harbour master reopened the east basin on Friday. Dredging had removed most of the "
-    "silt that stopped larger boats from mooring. Fishing crews said the basin is deep enough "
-    "again for the winter fleet. A survey of the west basin will follow next spring."
-)
-PROMPT = "Write a short note about the harbour reopening and the winter fishing fleet."
+DOC = " ".join(f"Sentence number {i} tells the simulator something new." for i in range(40))
 
 
-def request(
-    request_id: str = "r1",
-    *,
-    kind: JobKind = JobKind.SUMMARIZE,
-    text: str = DOC,
-    max_tokens: int = 200,
-) -> GenerationRequest:
-    return GenerationRequest(request_id=request_id, kind=kind, input=text, max_tokens=max_tokens)
+def request(rid: str, max_tokens: int = 30, kind: JobKind = JobKind.SUMMARIZE) -> GenerationRequest:
+    return GenerationRequest(request_id=rid, kind=kind, input=DOC, max_tokens=max_tokens)
 
 
-@pytest.fixture
-async def engine() -> AsyncIterator[SimEngine]:
-    sim = SimEngine(token_time_s=0.0, prefill_token_time_s=0.0, slots=2)
-    await sim.start()
-    try:
-        yield sim
-    finally:
-        await sim.close()
-
-
-def stream(engine: SimEngine, req: GenerationRequest) -> AsyncGenerator[str, None]:
-    gen = engine.generate(req)
-    assert isinstance(gen, AsyncGenerator)
-    return gen
-
-
-async def collect(engine: SimEngine, req: GenerationRequest) -> list[str]:
+async def collect(engine: InferenceEngine, req: GenerationRequest) -> list[str]:
     return [piece async for piece in engine.generate(req)]
 
 
-def test_sim_engine_satisfies_the_protocol() -> None:
-    engine: InferenceEngine = SimEngine(token_time_s=0.0, prefill_token_time_s=0.0, slots=1)
-    assert engine.name == "sim"
-    assert engine.count_tokens("Hello, world.") == 4
+@pytest.fixture
+async def started() -> AsyncIterator[list[SimEngine]]:
+    engines: list[SimEngine] = []
+    yield engines
+    for engine in engines:
+        await engine.close()
 
 
-async def test_summarize_streams_the_summary(engine: SimEngine) -> None:
-    pieces = await collect(engine, request(max_tokens=30))
-    text = "".join(pieces)
-    assert text == summarize(DOC, max_tokens=30)
-    assert pieces == tokenize(text)
-    assert set(split_sentences(text)) <= set(split_sentences(DOC))
-    assert engine.capacity().free_slots == 2
+async def start(engines: list[SimEngine], **kwargs: object) -> SimEngine:
+    engine = SimEngine(**kwargs)  # type: ignore[arg-type]
+    await engine.start()
+    engines.append(engine)
+    return engine
 
 
-@pytest.mark.parametrize("max_tokens", [0, 1, 5, 17])
-async def test_max_tokens_respected(engine: SimEngine, max_tokens: int) -> None:
-    expected = {
-        JobKind.SUMMARIZE: tokenize(summarize(DOC, max_tokens=max_tokens))[:max_tokens],
-        JobKind.COMPLETE: tokenize(pseudo_completion(DOC))[:max_tokens],
-    }
-    for kind in JobKind:
-        req = request(kind=kind, text=DOC, max_tokens=max_tokens)
-        pieces = await collect(engine, req)
-        assert pieces == expected[kind] == simulated_output(req)
-        assert len(pieces) <= max_tokens
-        assert len(pieces) == max_tokens or kind is JobKind.SUMMARIZE
+async def test_default_cache_is_sized_from_the_profiles(started: list[SimEngine]) -> None:
+    engine = await start(started, time_scale=0.0)
+    cap = engine.capacity()
+    assert cap.block_size == 16
+    # (80 GB x 0.9 - 16.06 GB weights - 4 GB reserve) / (128 KiB per token x 16 tokens)
+    assert cap.total_blocks == 24_766 == cap.free_blocks
+    assert cap.max_running == 256
+    assert (cap.running, cap.waiting, cap.preemptions) == (0, 0, 0)
 
 
-async def test_completion_is_deterministic_and_marked(engine: SimEngine) -> None:
-    req = request(kind=JobKind.COMPLETE, text=PROMPT, max_tokens=1000)
-    first = "".join(await collect(engine, req))
-    second = "".join(await collect(engine, req))
-    assert first == second == pseudo_completion(PROMPT)
-    assert first.startswith(COMPLETION_MARK)
-    prompt_words = {w.lower().strip(".") for w in PROMPT.split()}
-    body = first.removeprefix(COMPLETION_MARK).split()
-    assert all(w.lower().strip(".") in prompt_words for w in body)
+async def test_concurrent_requests_decode_their_output_and_free_every_block(
+    started: list[SimEngine],
+) -> None:
+    engine = await start(started, time_scale=0.0)
+    outputs = await asyncio.gather(*(collect(engine, request(f"r{i}")) for i in range(4)))
+    assert all(out == simulated_output(request("x")) for out in outputs)
+    cap = engine.capacity()
+    assert cap.free_blocks == cap.total_blocks
+    assert engine.tokens_decoded == 4 * len(outputs[0])
 
 
-async def test_completion_length_depends_on_the_prompt(engine: SimEngine) -> None:
-    lengths = set()
-    for i in range(8):
-        req = request(kind=JobKind.COMPLETE, text=f"{PROMPT} Variant {i}.", max_tokens=10_000)
-        lengths.add(len(await collect(engine, req)))
-    assert len(lengths) > 1
-    assert max(lengths) < 10_000
-
-
-async def test_abort_stops_within_one_token_and_frees_the_slot(engine: SimEngine) -> None:
-    gen = stream(engine, request(max_tokens=100))
-    first = await anext(gen)
-    assert first
-    assert engine.capacity().running == 1
-    await engine.abort("r1")
-    assert engine.capacity() == Capacity(total_slots=2, free_slots=2, running=0)
-    assert [piece async for piece in gen] == []
-
-
-async def test_abort_from_another_task_during_decode(engine: SimEngine) -> None:
-    slow = SimEngine(token_time_s=0.01, prefill_token_time_s=0.0, slots=1)
-    await slow.start()
-    received: list[str] = []
-
-    async def consume() -> None:
-        async for piece in slow.generate(request(max_tokens=100)):
-            received.append(piece)
-            if len(received) == 3:
-                aborter.set()
-
-    aborter = asyncio.Event()
-    task = asyncio.create_task(consume())
-    await aborter.wait()
-    await slow.abort("r1")
-    await asyncio.wait_for(task, timeout=1.0)
-    assert 3 <= len(received) <= 4
-    assert slow.capacity().free_slots == 1
-    await slow.close()
-
-
-async def test_abort_during_prefill_ends_without_tokens() -> None:
-    slow = SimEngine(token_time_s=0.0, prefill_token_time_s=10.0, slots=1)
-    await slow.start()
-    gen = stream(slow, request())
-    first = asyncio.create_task(anext(gen, None))
-    await asyncio.sleep(0.01)
-    assert slow.capacity().running == 1
-    await slow.abort("r1")
-    assert await asyncio.wait_for(first, timeout=1.0) is None
-    assert slow.capacity().free_slots == 1
-    await slow.close()
-
-
-async def test_abort_unknown_id_is_a_noop(engine: SimEngine) -> None:
-    await engine.abort("nobody")
-    assert engine.capacity().free_slots == 2
-
-
-async def test_closing_the_generator_early_frees_the_slot(engine: SimEngine) -> None:
-    gen = stream(engine, request())
-    await anext(gen)
-    assert engine.capacity().free_slots == 1
+async def test_blocks_held_while_running_match_the_context(started: list[SimEngine]) -> None:
+    engine = await start(started, time_scale=1.0)
+    gen = engine.generate(request("a", max_tokens=50))
+    await anext(gen)  # prefilled: the prompt's blocks are held
+    prompt = engine.count_tokens(DOC)
+    held = engine.capacity().total_blocks - engine.capacity().free_blocks
+    assert held == -(-prompt // 16)
+    assert engine.capacity().usage == pytest.approx(held / engine.capacity().total_blocks)
     await gen.aclose()
-    assert engine.capacity().free_slots == 2
+    assert engine.capacity().free_blocks == engine.capacity().total_blocks
 
 
-async def test_cancelling_the_consumer_frees_the_slot() -> None:
-    slow = SimEngine(token_time_s=10.0, prefill_token_time_s=0.0, slots=1)
-    await slow.start()
-    task = asyncio.create_task(collect(slow, request()))
-    await asyncio.sleep(0.01)
-    assert slow.capacity().running == 1
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert slow.capacity().free_slots == 1
-    await slow.close()
+async def test_a_small_cache_preempts_and_still_completes(started: list[SimEngine]) -> None:
+    # Short prompts are all admitted at once (one block each); their growth does not fit.
+    engine = await start(started, num_blocks=10, time_scale=0.0)
+    reqs = [
+        GenerationRequest(
+            request_id=f"r{i}",
+            kind=JobKind.COMPLETE,
+            input=f"Tell story {i} about the locks and the gates of the old canal.",
+            max_tokens=60,
+        )
+        for i in range(6)
+    ]
+    outputs = await asyncio.gather(*(collect(engine, r) for r in reqs))
+    assert [len(o) for o in outputs] == [len(simulated_output(r)) for r in reqs]
+    assert engine.capacity().preemptions > 0
+    assert engine.capacity().free_blocks == 10
 
 
-async def test_over_capacity_raises(engine: SimEngine) -> None:
-    a = stream(engine, request("a"))
-    b = stream(engine, request("b"))
-    c = stream(engine, request("c"))
-    await anext(a)
-    await anext(b)
-    assert engine.capacity().free_slots == 0
-    with pytest.raises(EngineAtCapacity):
-        await anext(c)
-    await a.aclose()
-    again = stream(engine, request("c"))
-    assert await anext(again) != ""
-    for gen in (again, b):
-        await gen.aclose()
+async def test_requests_beyond_the_cache_wait_in_the_engine_queue(
+    started: list[SimEngine],
+) -> None:
+    prompt = SimEngine().count_tokens(DOC)
+    blocks = -(-(prompt + 30) // 16)
+    engine = await start(started, num_blocks=blocks, time_scale=1.0)
+    first = engine.generate(request("a"))
+    await anext(first)
+    second = asyncio.create_task(collect(engine, request("b")))
+    await asyncio.sleep(0.05)
+    assert (engine.capacity().running, engine.capacity().waiting) == (1, 1)
+    await first.aclose()
+    assert await asyncio.wait_for(second, 10) == simulated_output(request("b"))
+    assert engine.capacity().preemptions == 0
 
 
-async def test_duplicate_running_id_raises(engine: SimEngine) -> None:
-    a = stream(engine, request("same"))
-    await anext(a)
-    with pytest.raises(DuplicateRequest):
-        await anext(stream(engine, request("same")))
-    await a.aclose()
+async def test_a_request_larger_than_the_cache_is_refused(started: list[SimEngine]) -> None:
+    engine = await start(started, num_blocks=2, time_scale=0.0)
+    with pytest.raises(RequestTooLarge):
+        await collect(engine, request("big"))
+    assert engine.capacity().free_blocks == 2
 
 
-async def test_close_aborts_everything_and_refuses_new_work() -> None:
-    sim = SimEngine(token_time_s=0.0, prefill_token_time_s=0.0, slots=2)
-    with pytest.raises(EngineNotRunning):
-        await anext(stream(sim, request()))
-    await sim.start()
-    gen = stream(sim, request())
-    await anext(gen)
-    await sim.close()
-    assert sim.capacity().running == 0
-    assert [piece async for piece in gen] == []
-    with pytest.raises(EngineNotRunning):
-        await anext(stream(sim, request("r2")))
-
-
-async def test_prefill_and_decode_take_simulated_time() -> None:
-    sim = SimEngine(token_time_s=0.002, prefill_token_time_s=0.001, slots=1)
-    await sim.start()
+async def test_decoding_takes_the_roofline_time(started: list[SimEngine]) -> None:
+    engine = await start(started, time_scale=1.0)
     loop = asyncio.get_running_loop()
-    req = request(max_tokens=20)
     began = loop.time()
-    pieces = await collect(sim, req)
+    pieces = await collect(engine, request("a", max_tokens=20))
     elapsed = loop.time() - began
-    expected = sim.count_tokens(DOC) * 0.001 + len(pieces) * 0.002
-    assert elapsed >= expected * 0.9
-    await sim.close()
+    roofline = Roofline(model=LLAMA_8B, gpu=GPU_80GB)
+    decode_floor = (len(pieces) - 1) * roofline.step_s(
+        prefill_tokens=0, decode_requests=1, kv_tokens=engine.count_tokens(DOC)
+    )
+    assert elapsed >= decode_floor * 0.9
 
 
-def test_invalid_configuration_is_refused() -> None:
-    with pytest.raises(ValueError, match="slots"):
-        SimEngine(token_time_s=0.0, prefill_token_time_s=0.0, slots=0)
-    with pytest.raises(ValueError, match="token times"):
-        SimEngine(token_time_s=-1.0, prefill_token_time_s=0.0, slots=1)
+def test_a_negative_time_scale_is_refused() -> None:
+    with pytest.raises(ValueError, match="time_scale"):
+        SimEngine(time_scale=-1.0)

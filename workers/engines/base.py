@@ -19,16 +19,26 @@ class GenerationRequest:
 
 @dataclass(frozen=True, kw_only=True)
 class Capacity:
-    """What the engine can hold right now."""
+    """What the engine holds right now, in vLLM's terms.
 
-    total_slots: int
-    free_slots: int
+    ``max_running`` is the engine's cap on running sequences (vLLM's ``max_num_seqs``), or
+    None where the engine does not report it.
+    """
+
+    total_blocks: int
+    free_blocks: int
+    block_size: int
     running: int
-    waiting: int = 0
-    total_blocks: int = 0
-    free_blocks: int = 0
-    block_size: int = 16
-    preemptions: int = 0
+    waiting: int
+    preemptions: int
+    max_running: int | None = None
+
+    @property
+    def usage(self) -> float:
+        """Fraction of KV blocks in use (vLLM's ``kv_cache_usage_perc``, 0..1)."""
+        if self.total_blocks <= 0:
+            return 0.0
+        return 1.0 - self.free_blocks / self.total_blocks
 
 
 class InferenceEngine(Protocol):
@@ -38,14 +48,19 @@ class InferenceEngine(Protocol):
 
     async def close(self) -> None: ...
 
-    def count_tokens(self, text: str) -> int: ...
+    def count_tokens(self, text: str) -> int:
+        """Prompt tokens of ``text`` as this engine counts them (an estimate where the
+        engine's tokenizer is remote)."""
+        ...
 
     def capacity(self) -> Capacity: ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
-        """Stream the output, one decoded token's text per item."""
+        """Stream the output, one decoded token's text per item. Closing the stream early
+        (or cancelling its consumer) aborts the request."""
         ...
 
     async def abort(self, request_id: str) -> None:
-        """Stop a running request; its stream ends without further tokens."""
+        """Stop a request, queued or running; its stream ends without further tokens and
+        its KV blocks are freed. Unknown ids are ignored."""
         ...

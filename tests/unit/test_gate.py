@@ -1,0 +1,112 @@
+"""The pull gate's decisions against a real simulator engine's capacity."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from schemas.envelopes import DispatchEnvelope
+from schemas.jobs import JobKind, Priority
+from workers.engines.base import GenerationRequest
+from workers.engines.sim import SimEngine
+from workers.gate import PullGate
+from workers.kv import ExpectedOutput
+
+
+def envelope(job_id: str, prompt_tokens: int = 100, max_tokens: int = 60) -> DispatchEnvelope:
+    return DispatchEnvelope(
+        job_id=job_id,
+        tenant="t",
+        kind=JobKind.SUMMARIZE,
+        priority=Priority.NORMAL,
+        max_tokens=max_tokens,
+        prompt_tokens=prompt_tokens,
+        deadline=datetime.now(UTC) + timedelta(minutes=5),
+    )
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[SimEngine]:
+    sim = SimEngine(num_blocks=100, max_num_seqs=8, time_scale=0.0)
+    await sim.start()
+    yield sim
+    await sim.close()
+
+
+async def test_kv_policy_starts_only_what_the_cache_holds(engine: SimEngine) -> None:
+    gate = PullGate(engine, watermark=0.02)  # 2 blocks kept free
+    assert gate.need(envelope("a")) == 10  # ceil(160 / 16)
+    started = 0
+    while gate.admits(envelope(f"j{started}")):
+        gate.started(envelope(f"j{started}"))
+        started += 1
+    assert started == 9  # 9 x 10 blocks + 2 watermark <= 100 < 10 x 10 + 2
+    assert gate.reserved_blocks() == 90
+    gate.finished("j0")
+    assert gate.admits(envelope("next"))
+
+
+async def test_no_room_at_the_gates_own_cap(engine: SimEngine) -> None:
+    gate = PullGate(engine, max_running=3, watermark=0.0)
+    for i in range(3):
+        assert gate.room()
+        gate.started(envelope(f"j{i}", prompt_tokens=1, max_tokens=1))
+    assert not gate.room()
+    assert not gate.admits(envelope("small", prompt_tokens=1, max_tokens=1))
+
+
+async def test_no_room_when_the_engine_is_at_its_sequence_cap() -> None:
+    engine = SimEngine(num_blocks=1000, max_num_seqs=2, time_scale=1.0)
+    await engine.start()
+    gate = PullGate(engine)
+    streams = [engine.generate(request) for request in requests(2)]
+    try:
+        for stream in streams:
+            await anext(stream)
+        assert not gate.room()
+        await streams[0].aclose()
+        assert gate.room()
+    finally:
+        for stream in streams:
+            await stream.aclose()
+        await engine.close()
+
+
+def requests(n: int) -> list[GenerationRequest]:
+    text = "A document about canals and the gates that hold their water back. " * 4
+    return [
+        GenerationRequest(request_id=f"r{i}", kind=JobKind.COMPLETE, input=text, max_tokens=50)
+        for i in range(n)
+    ]
+
+
+async def test_greedy_policy_ignores_the_cache(engine: SimEngine) -> None:
+    gate = PullGate(engine, policy="greedy", max_running=50)
+    for i in range(50):
+        assert gate.admits(envelope(f"j{i}", prompt_tokens=5000))
+        gate.started(envelope(f"j{i}", prompt_tokens=5000))
+    assert not gate.admits(envelope("one-more"))
+
+
+async def test_a_job_larger_than_the_cache_starts_alone(engine: SimEngine) -> None:
+    gate = PullGate(engine, watermark=0.0)
+    huge = envelope("huge", prompt_tokens=5000)
+    gate.started(envelope("small"))
+    assert not gate.admits(huge)
+    gate.finished("small")
+    assert gate.admits(huge)  # the engine refuses it with request_too_large
+
+
+async def test_observed_output_packs_more_jobs(engine: SimEngine) -> None:
+    observed = ExpectedOutput(observed=True, min_samples=5)
+    for _ in range(5):
+        observed.record(JobKind.SUMMARIZE, 12)
+    gate = PullGate(engine, watermark=0.0, expected=observed)
+    assert gate.need(envelope("a", prompt_tokens=100, max_tokens=500)) == 7  # 112 / 16
+    progress = gate.started(envelope("a", prompt_tokens=100, max_tokens=500))
+    for _ in range(20):
+        progress.decoded()
+    gate.finished("a")
+    assert gate.under_reserved == 1  # 20 decoded > 12 reserved

@@ -1,0 +1,39 @@
+"""Errors an engine raises at the worker; each carries a stable code."""
+
+from __future__ import annotations
+
+from schemas.errors import SluicegateError
+
+
+class EngineError(SluicegateError):
+    code = "engine_error"
+
+
+class EngineNotRunning(EngineError):
+    """A generation was started before ``start()`` or after ``close()``."""
+
+    code = "engine_not_running"
+    status = 503
+    retriable = True
+
+
+class EngineUnavailable(EngineError):
+    """The engine (a remote server) cannot be reached or answered with a server error."""
+
+    code = "engine_unavailable"
+    status = 503
+    retriable = True
+
+
+class DuplicateRequest(EngineError):
+    """A generation was started with the id of one that is still running."""
+
+    code = "duplicate_request"
+    status = 409
+
+
+class RequestTooLarge(EngineError):
+    """The prompt and its output cannot fit in the whole KV cache (or the model's context)."""
+
+    code = "request_too_large"
+    status = 422

@@ -1,0 +1,60 @@
+"""The simulator's output model: what text a request produces.
+
+The extractive summary of the document for ``summarize``, a pseudo-completion built from the
+prompt's own words for ``complete``, cut to ``max_tokens`` tokens. Deterministic: the same
+request always gives the same pieces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from itertools import pairwise
+
+from schemas.jobs import JobKind
+from workers.engines.base import GenerationRequest
+from workers.summarize import summarize
+from workers.tokens import tokenize
+
+COMPLETION_MARK = "[sim]"
+"""The first piece of every simulated completion, so nobody mistakes it for a model's text."""
+
+_WORD = re.compile(r"\w+(?:['\u2019]\w+)*")
+_FALLBACK_WORDS = ("simulated", "output", "for", "an", "empty", "prompt")
+MIN_COMPLETION_WORDS = 12
+MAX_EXTRA_COMPLETION_WORDS = 120
+
+
+def simulated_output(request: GenerationRequest) -> list[str]:
+    """The pieces the simulator decodes for ``request``, at most ``max_tokens`` of them."""
+    if request.kind is JobKind.SUMMARIZE:
+        text = summarize(request.input, max_tokens=request.max_tokens)
+    else:
+        text = pseudo_completion(request.input)
+    return tokenize(text)[: max(0, request.max_tokens)]
+
+
+def pseudo_completion(prompt: str) -> str:
+    """A deterministic continuation of ``prompt`` made of the prompt's own words.
+
+    A random walk over the prompt's word pairs, seeded by a hash of the prompt, cut into
+    sentences. Its length depends on the prompt (its hash and its length); it always starts
+    with ``COMPLETION_MARK``.
+    """
+    seed = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big")
+    rng = random.Random(seed)
+    words = _WORD.findall(prompt) or list(_FALLBACK_WORDS)
+    following: dict[str, list[str]] = {}
+    for current, after in pairwise(words):
+        following.setdefault(current.lower(), []).append(after)
+    length = MIN_COMPLETION_WORDS + min(MAX_EXTRA_COMPLETION_WORDS, seed % 48 + len(words) // 4)
+    out: list[str] = [COMPLETION_MARK]
+    word = rng.choice(words)
+    while len(out) <= length:  # whole sentences until the length is reached
+        sentence_words = rng.randint(6, 14)
+        for position in range(sentence_words):
+            out.append(word.capitalize() if position == 0 else word.lower())
+            word = rng.choice(following.get(word.lower()) or words)
+        out[-1] += "."
+    return " ".join(out)

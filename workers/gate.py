@@ -1,0 +1,114 @@
+"""The worker's pull gate: may the next dispatch record start on the engine now?
+
+Policy ``kv`` starts a job only when the engine's free KV blocks, less the growth reserved
+for the jobs already running and a watermark, cover the job's need. Policy ``greedy`` starts
+whatever it is given and lets the engine queue (kept to compare against). Both stop at
+``max_running`` jobs in flight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from schemas.envelopes import DispatchEnvelope
+from schemas.jobs import JobKind
+from workers.engines.base import InferenceEngine
+from workers.kv import ExpectedOutput, KvLedger
+from workers.metrics import UNDER_RESERVED
+
+Policy = Literal["kv", "greedy"]
+
+
+@dataclass
+class JobProgress:
+    """What the executor reports while a job decodes; feeds the ledger."""
+
+    gate: PullGate
+    job_id: str
+    kind: JobKind
+
+    def prompt_counted(self, tokens: int) -> None:
+        self.gate.ledger.prompt_counted(self.job_id, tokens)
+
+    def decoded(self) -> None:
+        self.gate.ledger.decoded(self.job_id)
+
+    def completed(self, output_tokens: int) -> None:
+        """The output ended by itself (not aborted): a sample of this kind's length."""
+        self.gate.expected.record(self.kind, output_tokens)
+
+
+class PullGate:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        *,
+        policy: Policy = "kv",
+        max_running: int = 256,
+        watermark: float = 0.01,
+        expected: ExpectedOutput | None = None,
+    ) -> None:
+        self._engine = engine
+        self.policy = policy
+        self.max_running = max_running
+        self._watermark = watermark
+        self.expected = expected or ExpectedOutput()
+        self.ledger = KvLedger(block_size=1)
+        self.under_reserved = 0
+
+    def room(self) -> bool:
+        """Whether one more job may be in flight at all (before its size is known)."""
+        if self.ledger.running >= self.max_running:
+            return False
+        if self.policy == "greedy":
+            return True
+        cap = self._engine.capacity()
+        return cap.max_running is None or cap.running + cap.waiting < cap.max_running
+
+    def need(self, envelope: DispatchEnvelope) -> int:
+        """Blocks the job will hold at its end, on this engine."""
+        expected = self.expected.tokens(envelope.kind, envelope.max_tokens)
+        return self._ledger_for_engine().need(envelope.prompt_tokens, expected)
+
+    def admits(self, envelope: DispatchEnvelope) -> bool:
+        if not self.room():
+            return False
+        if self.policy == "greedy":
+            return True
+        cap = self._engine.capacity()
+        if cap.total_blocks <= 0:
+            return False  # capacity not known yet (a remote engine before its first scrape)
+        ledger = self._ledger_for_engine()
+        need = self.need(envelope)
+        if need > cap.total_blocks - ledger.watermark_blocks:
+            # Larger than the cache can ever hold beside the watermark: start it alone and
+            # let the engine run it or refuse it with a clear error.
+            return ledger.running == 0
+        return ledger.can_start(need, cap.free_blocks)
+
+    def started(self, envelope: DispatchEnvelope) -> JobProgress:
+        expected = self.expected.tokens(envelope.kind, envelope.max_tokens)
+        self.ledger.started(
+            envelope.job_id, prompt_tokens=envelope.prompt_tokens, expected_output=expected
+        )
+        return JobProgress(self, envelope.job_id, envelope.kind)
+
+    def finished(self, job_id: str) -> None:
+        outcome = self.ledger.finished(job_id)
+        if outcome is not None and outcome[1] > outcome[0]:
+            self.under_reserved += 1
+            UNDER_RESERVED.inc()
+
+    def reserved_blocks(self) -> int:
+        return self.ledger.reserved_growth()
+
+    def _ledger_for_engine(self) -> KvLedger:
+        """The ledger in the engine's block size (known once the engine reports it)."""
+        cap = self._engine.capacity()
+        watermark = math.ceil(self._watermark * cap.total_blocks)
+        if cap.block_size != self.ledger.block_size:
+            self.ledger.block_size = cap.block_size
+        self.ledger.watermark_blocks = watermark
+        return self.ledger
