@@ -59,8 +59,8 @@ class Worker:
         bootstrap: str,
         drain_timeout_s: float,
     ) -> None:
-        self._consumer = consumer
-        self._gate = gate
+        self.consumer = consumer
+        self.gate = gate
         self._executor = executor
         self._topic = topic
         self._bootstrap = bootstrap
@@ -84,16 +84,16 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._cluster = await cluster_id(self._bootstrap)
-        self._consumer.subscribe([self._topic], listener=_Rebalance(self))
+        self.consumer.subscribe([self._topic], listener=_Rebalance(self))
         try:
             while not stop.is_set():
                 if self.held is None:
-                    if not self._gate.room():
+                    if not self.gate.room():
                         await self._wait_for_room(stop)
                         continue
                     self._resume()
                     self.held = await self._take()
-                elif self._gate.admits(self.held.envelope):
+                elif self.gate.admits(self.held.envelope):
                     self._start(self.held)
                     self.held = None
                 else:
@@ -104,7 +104,7 @@ class Worker:
 
     async def _take(self) -> Held | None:
         """The next record, if one comes within the fetch timeout and is a job to run."""
-        batches = await self._consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=1)
+        batches = await self.consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=1)
         for tp, records in batches.items():
             for record in records:
                 return self._decode(tp, record)
@@ -141,14 +141,14 @@ class Worker:
         """Poll with every partition paused: it keeps this member inside
         max.poll.interval.ms however long the jobs run. A partition assigned by a rebalance
         meanwhile is not paused yet; a record it yields is put back (seek), not taken."""
-        batches = await self._consumer.getmany(timeout_ms=0, max_records=1)
+        batches = await self.consumer.getmany(timeout_ms=0, max_records=1)
         for tp, records in batches.items():
             if records:
-                self._consumer.seek(tp, records[0].offset)
+                self.consumer.seek(tp, records[0].offset)
 
     def _start(self, held: Held) -> None:
         self._offsets.started(held.tp, held.offset)
-        progress = self._gate.started(held.envelope)
+        progress = self.gate.started(held.envelope)
         job_id = held.envelope.job_id
         task = asyncio.create_task(
             self._executor.run(held.envelope, progress), name=f"job-{job_id}"
@@ -160,7 +160,7 @@ class Worker:
 
     def _done(self, task: asyncio.Task[None], offset: int) -> None:
         tp = self._tasks.pop(task)
-        self._gate.finished(self._jobs.pop(task))
+        self.gate.finished(self._jobs.pop(task))
         JOBS_RUNNING.set(self.running)
         self._changed.set()
         if task.cancelled():
@@ -177,7 +177,7 @@ class Worker:
             if not due:
                 return
             try:
-                await self._consumer.commit({tp: offset for tp, offset in due.items()})
+                await self.consumer.commit({tp: offset for tp, offset in due.items()})
             except KafkaError as exc:
                 log.warning("commit failed, will retry with the next one: %r", exc)
                 return
@@ -229,12 +229,12 @@ class Worker:
 
     def _pause(self) -> None:
         if self._paused_since is None:
-            self._consumer.pause(*self._consumer.assignment())
+            self.consumer.pause(*self.consumer.assignment())
             self._paused_since = time.monotonic()
 
     def _resume(self) -> None:
         if self._paused_since is not None:
-            self._consumer.resume(*self._consumer.assignment())
+            self.consumer.resume(*self.consumer.assignment())
             self._count_paused()
 
     def _count_paused(self) -> None:

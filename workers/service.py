@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
@@ -92,8 +93,14 @@ async def start_consumer(settings: Settings, stop: asyncio.Event) -> AIOKafkaCon
 
 
 async def run_worker(
-    settings: Settings, stop: asyncio.Event, *, engine: InferenceEngine | None = None
+    settings: Settings,
+    stop: asyncio.Event,
+    *,
+    engine: InferenceEngine | None = None,
+    on_worker: Callable[[Worker], None] | None = None,
 ) -> None:
+    """Run one worker until ``stop``. ``on_worker`` is shown the worker before it starts
+    (tests and benchmarks watch it)."""
     if settings.metrics_port is not None:
         start_http_server(settings.metrics_port)
     inference = engine if engine is not None else build_engine(settings)
@@ -118,6 +125,8 @@ async def run_worker(
                 bootstrap=settings.require_kafka(),
                 drain_timeout_s=settings.drain_timeout_s,
             )
+            if on_worker is not None:
+                on_worker(worker)
             await worker.run(stop)
         finally:
             await close_client(consumer)
