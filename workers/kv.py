@@ -28,10 +28,16 @@ class KvLedger:
     The engine reports free blocks now. A job the engine has not prefilled yet holds none of
     its need; once its first token is out it holds blocks for its prompt and every decoded
     token but the last (whose KV is written by the next step, as in vLLM), and it takes more
-    as it decodes, up to its need. That future growth is reserved, so a new job starts only
-    if it fits beside it. Before the first token a job is counted as holding nothing, so
-    blocks the engine already gave its prompt are counted twice: the error is on the safe
-    side and lasts one prefill.
+    as it decodes, up to its need. Before the first token a job is counted as holding
+    nothing, so blocks the engine already gave its prompt are counted twice: the error is on
+    the safe side and lasts one prefill.
+
+    The growth to reserve is not the sum of every job's remaining growth: decoding jobs
+    grow one token a step together (continuous batching decodes every running request each
+    step) and give all their blocks back when they end, so the most they need at once is the
+    peak of that timeline (``reserved_growth``). Jobs without a first token yet (queued in
+    the engine or prefilling) are reserved at their whole need until the end: how long they
+    wait is not known.
     """
 
     def __init__(self, *, block_size: int, watermark_blocks: int = 0) -> None:
@@ -43,7 +49,33 @@ class KvLedger:
         return kv_need(prompt_tokens, expected_output_tokens, self.block_size)
 
     def reserved_growth(self) -> int:
-        return sum(self._growth(job) for job in self._jobs.values())
+        """Most blocks, beyond those held now, that the running jobs will need at once."""
+        bs = self.block_size
+        pending = held_total = 0
+        live: list[tuple[int, int]] = []  # (steps left, tokens whose KV is written)
+        for job in self._jobs.values():
+            if job.decoded == 0:
+                pending += kv_need(job.prompt_tokens, job.expected_output, bs)
+                continue
+            written = job.prompt_tokens + job.decoded - 1
+            held_total += math.ceil(written / bs)
+            live.append((max(job.expected_output - job.decoded, 0), written))
+        live.sort()
+        # At s steps from now the jobs with at least s steps left hold
+        # ceil((written + s) / bs) <= (written + s + bs - 1) / bs blocks each; the rest
+        # have ended. The sum only grows between two endings, so its peak is at one.
+        peak = 0
+        suffix_written, count = 0, 0
+        for steps, written in reversed(live):
+            suffix_written += written
+            count += 1
+            peak = max(peak, (suffix_written + count * (steps + bs - 1)) // bs)
+        peak = min(peak - held_total, self._sum_of_growth())
+        return pending + max(peak, 0)
+
+    def _sum_of_growth(self) -> int:
+        """The decoding jobs' remaining growth added up: the peak never exceeds it."""
+        return sum(self._growth(job) for job in self._jobs.values() if job.decoded > 0)
 
     def reserved(self, job_id: str) -> int:
         """Blocks still reserved for one job's growth (0 for an unknown job)."""
