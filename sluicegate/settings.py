@@ -110,6 +110,8 @@ class Settings(BaseSettings):
     vllm_request_timeout_s: float = Field(default=600.0, gt=0)
     vllm_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     vllm_max_model_len: int | None = Field(default=None, ge=1)
+    vllm_block_size: int = Field(default=16, ge=1)
+    vllm_max_num_seqs: int = Field(default=256, ge=1)
 
     def topic_partitions(self) -> dict[str, int]:
         return {

@@ -64,11 +64,9 @@ class KvLedger:
         # At s steps from now the jobs with at least s steps left hold
         # ceil((written + s) / bs) <= (written + s + bs - 1) / bs blocks each; the rest
         # have ended. The sum only grows between two endings, so its peak is at one.
-        peak = 0
-        suffix_written, count = 0, 0
-        for steps, written in reversed(live):
+        peak = suffix_written = 0
+        for count, (steps, written) in enumerate(reversed(live), start=1):
             suffix_written += written
-            count += 1
             peak = max(peak, (suffix_written + count * (steps + bs - 1)) // bs)
         peak = min(peak - held_total, self._sum_of_growth())
         return pending + max(peak, 0)

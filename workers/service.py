@@ -51,8 +51,8 @@ def build_engine(settings: Settings) -> InferenceEngine:
             model=settings.vllm_model,
             gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
             max_model_len=settings.vllm_max_model_len,
-            block_size=settings.sim_block_size,
-            max_num_seqs=settings.sim_max_num_seqs,
+            block_size=settings.vllm_block_size,
+            max_num_seqs=settings.vllm_max_num_seqs,
         )
     raise ValueError(f"unknown engine {settings.engine!r}")
 

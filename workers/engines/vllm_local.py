@@ -1,0 +1,220 @@
+"""The in-process vLLM engine: an ``AsyncLLM`` (vLLM V1) in the worker's own process.
+
+Written against vLLM 0.33 (the ``vllm`` extra). vLLM is imported only in ``start()`` and
+``generate()``, so this module imports (and the worker can be built) without it.
+
+- Prompts: ``summarize`` wraps the document in a plain-text instruction (``build_prompt``);
+  ``complete`` sends the input as it is. The model's chat template is not applied, so the
+  same prompt works for base and instruct models alike.
+- Tokens: the prompt is tokenized here with the engine's tokenizer and submitted as token
+  ids, so the size check below and the engine see the same prompt.
+- Output: ``SamplingParams(output_kind=DELTA)``; each delta's text is yielded, followed by an
+  empty string for every further token the delta carries (vLLM merges deltas when the
+  consumer falls behind), so the stream has one item per generated token.
+- Sizes: a prompt plus ``max_tokens`` beyond the model's context raises ``RequestTooLarge``
+  before anything is submitted (vLLM itself would only cap the output). vLLM refuses at
+  start-up a cache that cannot hold one full-context sequence, so fitting the context means
+  fitting the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from schemas.jobs import JobKind
+from workers.engines.base import Capacity, GenerationRequest
+from workers.engines.errors import (
+    DuplicateRequest,
+    EngineError,
+    EngineNotRunning,
+    RequestTooLarge,
+)
+from workers.engines.vllm_stats import StatsSink
+
+SUMMARIZE_INSTRUCTION = "Summarize the following document concisely, in plain prose."
+
+
+def build_prompt(kind: JobKind, text: str) -> str:
+    """The prompt the model sees for a job of ``kind`` with input ``text``."""
+    if kind is JobKind.SUMMARIZE:
+        return f"{SUMMARIZE_INSTRUCTION}\n\nDocument:\n{text}\n\nSummary:"
+    return text
+
+
+def output_pieces(text: str, num_tokens: int) -> list[str]:
+    """One item per generated token from a delta of ``num_tokens`` tokens and ``text``: the
+    text first, then empty strings (detokenized text cannot be split back into tokens)."""
+    if num_tokens <= 0:
+        return [text] if text else []
+    return [text] + [""] * (num_tokens - 1)
+
+
+class VllmLocalEngine:
+    """vLLM's ``AsyncLLM`` behind the ``InferenceEngine`` protocol.
+
+    ``start()`` builds the engine (loading weights, profiling memory, sizing the KV cache,
+    capturing CUDA graphs unless ``enforce_eager``); it runs on the event loop, as vLLM's
+    own server does, and blocks it for that long: the worker starts its engine before it
+    consumes anything.
+
+    ``capacity()`` is as fresh as vLLM's stats: the engine core computes them at the end of
+    every step that had work (a step that frees an aborted request included) and the
+    ``AsyncLLM`` output handler records them when it processes that step's outputs. So the
+    figures trail the engine by about one step (more if the event loop is backed up), a
+    request just submitted appears in ``waiting`` only after the next step, and an idle
+    engine keeps the figures of its last step, taken after that step freed its finished
+    requests. ``total_blocks`` and ``block_size`` are the engine's after start-up, and
+    ``preemptions`` counts since start.
+    """
+
+    name: str = "vllm_local"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        gpu_memory_utilization: float = 0.9,
+        max_model_len: int | None = None,
+        block_size: int | None = 16,
+        max_num_seqs: int = 256,
+        temperature: float = 0.0,
+        enforce_eager: bool = False,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """``temperature`` 0 decodes greedily. ``engine_kwargs`` go to vLLM's
+        ``AsyncEngineArgs`` as they are (e.g. ``dtype``, ``seed``, ``tensor_parallel_size``);
+        ``max_model_len`` None lets vLLM take the model's own."""
+        self.model = model
+        self._engine_args: dict[str, Any] = {
+            "model": model,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "max_num_seqs": max_num_seqs,
+            "enforce_eager": enforce_eager,
+            **(engine_kwargs or {}),
+        }
+        if max_model_len is not None:
+            self._engine_args["max_model_len"] = max_model_len
+        if block_size is not None:
+            self._engine_args["block_size"] = block_size
+        self._temperature = temperature
+        self._stats = StatsSink()
+        self._llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
+        self._tokenizer: Any = None
+        self._num_gpu_blocks = 0
+        self._block_size = block_size or 16
+        self._max_model_len = max_model_len or 0
+        self._max_running: int | None = max_num_seqs
+        self._active: dict[str, object] = {}  # request id -> a token of its stream
+
+    async def start(self) -> None:
+        if self._llm is not None:
+            return
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            **self._engine_args,
+            # No periodic log lines (nothing calls AsyncLLM.do_log_stats here). Stats are
+            # still collected: AsyncLLM turns them on when a custom stat logger is given.
+            disable_log_stats=True,
+            enable_log_requests=False,
+        )
+        self._stats = StatsSink()
+        llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stats.factory])
+        # Figures the engine core settled at start-up (synced back to the frontend config).
+        config = llm.vllm_config
+        self._num_gpu_blocks = int(config.cache_config.num_gpu_blocks or 0)
+        self._block_size = int(config.cache_config.block_size)
+        self._max_model_len = int(config.model_config.max_model_len)
+        self._max_running = int(config.scheduler_config.max_num_seqs)
+        self._tokenizer = llm.get_tokenizer()
+        self._llm = llm
+
+    async def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        open_ids = list(self._active)
+        self._active.clear()  # open streams end at their next output, yielding nothing more
+        try:
+            if open_ids:
+                await llm.abort(open_ids)  # each gets its final (aborted) output
+        finally:
+            llm.shutdown()
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` by the model's tokenizer, special tokens (BOS) included, as the
+        engine counts a prompt."""
+        if self._tokenizer is None:
+            raise EngineNotRunning("the vLLM engine is not started (or already closed)")
+        return len(self._tokenizer.encode(text))
+
+    def capacity(self) -> Capacity:
+        """Blocks and queue as of the engine's last reported step (see the class docstring);
+        zero blocks before ``start()``."""
+        return self._stats.capacity(
+            num_gpu_blocks=self._num_gpu_blocks,
+            block_size=self._block_size,
+            max_running=self._max_running,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        self._active.pop(request_id, None)
+        llm = self._llm
+        if llm is not None:
+            # An external id: vLLM maps it to its internal ids and ignores unknown ones.
+            await llm.abort(request_id)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        llm = self._llm
+        if llm is None:
+            raise EngineNotRunning("the vLLM engine is not started (or already closed)")
+        request_id = request.request_id
+        if request_id in self._active:
+            raise DuplicateRequest(f"request {request_id!r} is already running")
+        if request.max_tokens <= 0:
+            return
+        prompt_ids: list[int] = self._tokenizer.encode(build_prompt(request.kind, request.input))
+        needed = len(prompt_ids) + request.max_tokens
+        if needed > self._max_model_len:
+            raise RequestTooLarge(
+                f"{len(prompt_ids)} prompt tokens and {request.max_tokens} output tokens "
+                f"exceed the model's context of {self._max_model_len} tokens"
+            )
+
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMError
+        from vllm.inputs import tokens_input
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=request.max_tokens,
+            temperature=self._temperature,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        token = object()
+        self._active[request_id] = token
+        stream = llm.generate(tokens_input(prompt_ids), params, request_id)
+        finished = False
+        try:
+            try:
+                async for output in stream:
+                    if self._active.get(request_id) is not token:
+                        break  # aborted by id (or the engine closed): no further tokens
+                    for completion in output.outputs:
+                        for piece in output_pieces(completion.text, len(completion.token_ids)):
+                            yield piece
+                    finished = output.finished
+            except VLLMError as exc:
+                raise EngineError(f"vLLM failed request {request_id!r}: {exc}") from exc
+        finally:
+            ours = self._active.get(request_id) is token
+            if ours:
+                del self._active[request_id]
+            # Closing vLLM's stream early aborts the request there (vLLM does so on
+            # GeneratorExit and CancelledError). Abort by id as well while the id is still
+            # ours, for a request cancelled before vLLM handed back its stream.
+            await stream.aclose()
+            if ours and not finished and self._llm is not None:
+                await self._llm.abort(request_id)
