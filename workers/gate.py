@@ -86,7 +86,7 @@ class PullGate:
             # Larger than the cache can ever hold beside the watermark: start it alone and
             # let the engine run it or refuse it with a clear error.
             return ledger.running == 0
-        return ledger.can_start(need, cap.free_blocks)
+        return ledger.can_start(need, cap.free_blocks, cap.total_blocks)
 
     def started(self, envelope: DispatchEnvelope) -> JobProgress:
         expected = self.expected.tokens(envelope.kind, envelope.max_tokens)
@@ -102,7 +102,8 @@ class PullGate:
             UNDER_RESERVED.inc()
 
     def reserved_blocks(self) -> int:
-        return self.ledger.reserved_growth()
+        cap = self._engine.capacity()
+        return self.ledger.reserved_growth(cap.total_blocks - cap.free_blocks)
 
     def _ledger_for_engine(self) -> KvLedger:
         """The ledger in the engine's block size (known once the engine reports it)."""

@@ -32,12 +32,16 @@ class KvLedger:
     nothing, so blocks the engine already gave its prompt are counted twice: the error is on
     the safe side and lasts one prefill.
 
-    The growth to reserve is not the sum of every job's remaining growth: decoding jobs
-    grow one token a step together (continuous batching decodes every running request each
-    step) and give all their blocks back when they end, so the most they need at once is the
-    peak of that timeline (``reserved_growth``). Jobs without a first token yet (queued in
-    the engine or prefilling) are reserved at their whole need until the end: how long they
-    wait is not known.
+    A new job starts when the blocks the running jobs will hold at once, at their peak,
+    plus its own need fit in the cache beside the watermark (``committed``), and its need
+    fits in what is free right now. The peak is not the sum of every job's final size:
+    decoding jobs grow one token a step together (continuous batching decodes every running
+    request each step) and give all their blocks back when they end, so the most they hold
+    at once is the peak of that timeline. Jobs without a first token yet (queued in the
+    engine or prefilling) count at their whole need until the end: how long they wait is
+    not known. The model is kept in absolute blocks, so a job the engine already finished
+    but the ledger not yet forgotten is never counted as freeing its blocks twice, and it
+    allows one block a decoding job for the ledger trailing the engine by a few steps.
     """
 
     def __init__(self, *, block_size: int, watermark_blocks: int = 0) -> None:
@@ -48,32 +52,37 @@ class KvLedger:
     def need(self, prompt_tokens: int, expected_output_tokens: int) -> int:
         return kv_need(prompt_tokens, expected_output_tokens, self.block_size)
 
-    def reserved_growth(self) -> int:
-        """Most blocks, beyond those held now, that the running jobs will need at once."""
+    def committed(self) -> int:
+        """Most blocks the running jobs will hold at once, by the model above."""
         bs = self.block_size
-        pending = held_total = 0
+        pending = 0
         live: list[tuple[int, int]] = []  # (steps left, tokens whose KV is written)
         for job in self._jobs.values():
             if job.decoded == 0:
                 pending += kv_need(job.prompt_tokens, job.expected_output, bs)
-                continue
-            written = job.prompt_tokens + job.decoded - 1
-            held_total += math.ceil(written / bs)
-            live.append((max(job.expected_output - job.decoded, 0), written))
+            else:
+                steps = max(job.expected_output - job.decoded, 0)
+                live.append((steps, job.prompt_tokens + job.decoded - 1))
         live.sort()
-        # At s steps from now the jobs with at least s steps left hold
-        # ceil((written + s) / bs) <= (written + s + bs - 1) / bs blocks each; the rest
-        # have ended. The sum only grows between two endings, so its peak is at one.
-        peak = suffix_written = 0
+        # At s steps from now a job with at least s steps left holds ceil((written + s)/bs)
+        # blocks, at most (written + s + bs - 1)/bs, plus one for lag; the others have
+        # ended. The sum only grows between two endings, so its peak is at one of them.
+        peak = written_sum = 0
         for count, (steps, written) in enumerate(reversed(live), start=1):
-            suffix_written += written
-            peak = max(peak, (suffix_written + count * (steps + bs - 1)) // bs)
-        peak = min(peak - held_total, self._sum_of_growth())
-        return pending + max(peak, 0)
+            written_sum += written
+            peak = max(peak, (written_sum + count * (steps + 2 * bs - 1)) // bs)
+        return pending + peak
 
-    def _sum_of_growth(self) -> int:
-        """The decoding jobs' remaining growth added up: the peak never exceeds it."""
-        return sum(self._growth(job) for job in self._jobs.values() if job.decoded > 0)
+    def available(self, free_blocks: int, total_blocks: int) -> int:
+        """Blocks a new job may take now."""
+        return min(total_blocks - self.committed(), free_blocks) - self.watermark_blocks
+
+    def can_start(self, need_blocks: int, free_blocks: int, total_blocks: int) -> bool:
+        return self.available(free_blocks, total_blocks) >= need_blocks
+
+    def reserved_growth(self, used_blocks: int) -> int:
+        """Blocks set aside beyond those in use: what the running jobs may still take."""
+        return max(self.committed() - used_blocks, 0)
 
     def reserved(self, job_id: str) -> int:
         """Blocks still reserved for one job's growth (0 for an unknown job)."""
@@ -86,13 +95,6 @@ class KvLedger:
         if job.decoded > 0:
             held = math.ceil((job.prompt_tokens + job.decoded - 1) / self.block_size)
         return max(need - held, 0)
-
-    def available(self, free_blocks: int) -> int:
-        """Blocks a new job may take: free, less reserved growth, less the watermark."""
-        return free_blocks - self.reserved_growth() - self.watermark_blocks
-
-    def can_start(self, need_blocks: int, free_blocks: int) -> bool:
-        return self.available(free_blocks) >= need_blocks
 
     def started(self, job_id: str, *, prompt_tokens: int, expected_output: int) -> None:
         self._jobs[job_id] = _Reservation(prompt_tokens, expected_output)
