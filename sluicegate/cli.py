@@ -20,7 +20,8 @@ from sluicegate.process import configure_logging, run_until_signal
 from sluicegate.samples import sample_documents
 from sluicegate.settings import Settings
 from sluicegate.stack import Stack
-from workers.service import run_worker
+from workers.engines import sim_server
+from workers.service import build_sim_engine, run_worker
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +45,15 @@ def _parser() -> argparse.ArgumentParser:
     api.add_argument("--host", default=None)
     api.add_argument("--port", type=int, default=None)
     api.add_argument("--workers", type=int, default=1, help="API processes")
+
+    sim = sub.add_parser(
+        "sim-server",
+        help="serve the simulator as an OpenAI-compatible server, like `vllm serve` "
+        "(for SLUICEGATE_ENGINE=vllm_http without a GPU)",
+    )
+    sim.add_argument("--host", default="127.0.0.1")
+    sim.add_argument("--port", type=int, default=8001)
+    sim.add_argument("--model", default=None, help="served model name (default: vllm_model)")
 
     sub.add_parser("relay", help="run the outbox relay")
     sub.add_parser("worker", help="run one worker")
@@ -72,6 +82,13 @@ def main(argv: list[str] | None = None) -> None:
         overrides = {"api_host": args.host, "api_port": args.port}
         settings = settings.model_copy(update={k: v for k, v in overrides.items() if v})
         service.serve_api(settings, processes=args.workers)
+    elif command == "sim-server":
+        model = args.model or settings.vllm_model
+        run_until_signal(
+            lambda stop: sim_server.serve(
+                build_sim_engine(settings), host=args.host, port=args.port, model=model, stop=stop
+            )
+        )
     elif command == "relay":
         run_until_signal(lambda stop: service.run_relay(settings, stop))
     elif command == "worker":

@@ -26,15 +26,19 @@ from workers.repository import WorkerRepository
 log = logging.getLogger(__name__)
 
 
+def build_sim_engine(settings: Settings) -> SimEngine:
+    return SimEngine(
+        block_size=settings.sim_block_size,
+        num_blocks=settings.sim_num_blocks,
+        max_num_seqs=settings.sim_max_num_seqs,
+        max_num_batched_tokens=settings.sim_max_num_batched_tokens,
+        time_scale=settings.sim_time_scale,
+    )
+
+
 def build_engine(settings: Settings) -> InferenceEngine:
     if settings.engine == "sim":
-        return SimEngine(
-            block_size=settings.sim_block_size,
-            num_blocks=settings.sim_num_blocks,
-            max_num_seqs=settings.sim_max_num_seqs,
-            max_num_batched_tokens=settings.sim_max_num_batched_tokens,
-            time_scale=settings.sim_time_scale,
-        )
+        return build_sim_engine(settings)
     if settings.engine == "vllm_http":
         from workers.engines.vllm_http import VllmHttpEngine
 

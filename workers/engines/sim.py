@@ -29,6 +29,7 @@ class _Stream:
     pieces: list[str]
     ready: int = 0  # pieces decoded so far
     ended: bool = False
+    aborted: bool = False  # no further pieces, even ones already decoded
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def notify(self) -> None:
@@ -71,6 +72,7 @@ class SimEngine:
         self._work = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
         self.tokens_decoded = 0
+        self.simulated_s = 0.0  # GPU time of every step so far (before time_scale)
 
     async def start(self) -> None:
         if self._loop is None:
@@ -106,6 +108,7 @@ class SimEngine:
         stream = self._streams.pop(request_id, None)
         if stream is not None:
             stream.ended = True
+            stream.aborted = True
             stream.notify()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
@@ -138,8 +141,8 @@ class SimEngine:
                 while stream.ready <= given and not stream.ended:
                     stream.changed.clear()
                     await stream.changed.wait()
-                if stream.ready <= given:
-                    return  # aborted
+                if stream.aborted or stream.ready <= given:
+                    return
                 yield pieces[given]
                 given += 1
         finally:
@@ -161,6 +164,7 @@ class SimEngine:
                 decode_requests=step.decode_requests,
                 kv_tokens=step.kv_tokens,
             )
+            self.simulated_s += seconds
             await asyncio.sleep(seconds * self._time_scale)
             for request_id in step.emitted:
                 stream = self._streams.get(request_id)

@@ -1,0 +1,243 @@
+"""The sim-server speaks vLLM's HTTP: completions (whole and streamed), errors, metrics.
+What every engine does, over this server too, is in tests/contract."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from schemas.jobs import JobKind
+from workers.engines.base import GenerationRequest
+from workers.engines.output import simulated_output
+from workers.engines.sim import SimEngine
+from workers.engines.sim_server import create_app, running
+from workers.tokens import count_tokens
+
+MODEL = "sim-8b"
+BLOCKS = 64
+DOC = " ".join(f"Sentence number {i} tells the simulator something new." for i in range(20))
+PROMPT = "Write a short note about the harbour reopening and the winter fishing fleet."
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimEngine]:
+    engine = SimEngine(num_blocks=BLOCKS, time_scale=0.02)
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture
+async def client(sim: SimEngine) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in-process (its lifespan does not run: ``sim`` is started here)."""
+    transport = httpx.ASGITransport(app=create_app(sim, model=MODEL))
+    async with httpx.AsyncClient(transport=transport, base_url="http://sim") as http:
+        yield http
+
+
+@pytest.fixture
+async def slow_server() -> AsyncIterator[tuple[SimEngine, str]]:
+    """A real server over a slow simulator (a long output takes seconds)."""
+    engine = SimEngine(num_blocks=BLOCKS, time_scale=2.0)
+    async with running(create_app(engine, model=MODEL)) as url:
+        yield engine, url
+
+
+def summary(max_tokens: int) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": DOC, "max_tokens": max_tokens, "sluicegate_kind": "summarize"}
+
+
+def events(body: str) -> list[str]:
+    return [line.removeprefix("data: ") for line in body.splitlines() if line]
+
+
+async def test_an_unknown_model_is_404_as_in_vllm(client: httpx.AsyncClient) -> None:
+    answer = await client.post("/v1/completions", json={"model": "other", "prompt": "hi"})
+    assert answer.status_code == 404
+    assert answer.json() == {
+        "error": {
+            "message": "The model `other` does not exist.",
+            "type": "NotFoundError",
+            "param": None,
+            "code": 404,
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"model": MODEL}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "hi", "sluicegate_kind": "translate"}, "sluicegate_kind"),
+    ],
+)
+async def test_bad_input_is_a_400_openai_error(
+    client: httpx.AsyncClient, body: dict[str, Any], field: str
+) -> None:
+    answer = await client.post("/v1/completions", json=body)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert (error["code"], error["type"]) == (400, "Bad Request")
+    assert field in error["message"]
+
+
+async def test_malformed_json_is_a_400(client: httpx.AsyncClient) -> None:
+    answer = await client.post(
+        "/v1/completions", content=b"{nope", headers={"content-type": "application/json"}
+    )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == 400
+
+
+async def test_a_request_beyond_the_context_is_a_400(client: httpx.AsyncClient) -> None:
+    answer = await client.post("/v1/completions", json=summary(BLOCKS * 16))
+    assert answer.status_code == 400
+    assert "maximum context length is 1024 tokens" in answer.json()["error"]["message"]
+
+
+async def test_a_whole_completion_has_the_text_the_id_and_the_usage(
+    client: httpx.AsyncClient,
+) -> None:
+    answer = await client.post(
+        "/v1/completions", json=summary(9), headers={"X-Request-Id": "job-7"}
+    )
+    assert answer.status_code == 200
+    body = answer.json()
+    expected = simulated_output(
+        GenerationRequest(request_id="x", kind=JobKind.SUMMARIZE, input=DOC, max_tokens=9)
+    )
+    assert len(expected) == 9
+    assert (body["id"], body["object"], body["model"]) == ("cmpl-job-7", "text_completion", MODEL)
+    [choice] = body["choices"]
+    assert (choice["text"], choice["finish_reason"]) == ("".join(expected), "length")
+    prompt = count_tokens(DOC)
+    assert body["usage"] == {
+        "prompt_tokens": prompt,
+        "completion_tokens": 9,
+        "total_tokens": prompt + 9,
+    }
+
+
+async def test_an_output_that_ends_before_max_tokens_stops(client: httpx.AsyncClient) -> None:
+    answer = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 500})
+    [choice] = answer.json()["choices"]
+    expected = simulated_output(
+        GenerationRequest(request_id="x", kind=JobKind.COMPLETE, input=PROMPT, max_tokens=500)
+    )
+    assert len(expected) < 500
+    assert (choice["text"], choice["finish_reason"]) == ("".join(expected), "stop")
+
+
+async def test_a_stream_is_one_event_per_token_then_usage_then_done(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {**summary(9), "stream": True, "stream_options": {"include_usage": True}}
+    answer = await client.post("/v1/completions", json=body)
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    *chunks, usage, done = events(answer.text)
+    assert done == "[DONE]"
+    parsed = [json.loads(chunk) for chunk in chunks]
+    assert [c["choices"][0]["text"] for c in parsed] == simulated_output(
+        GenerationRequest(request_id="x", kind=JobKind.SUMMARIZE, input=DOC, max_tokens=9)
+    )
+    assert [c["choices"][0]["finish_reason"] for c in parsed] == [None] * 8 + ["length"]
+    assert json.loads(usage)["choices"] == []
+    assert json.loads(usage)["usage"]["completion_tokens"] == 9
+
+
+async def test_a_stream_without_stream_options_has_no_usage(client: httpx.AsyncClient) -> None:
+    answer = await client.post("/v1/completions", json={**summary(3), "stream": True})
+    *chunks, done = events(answer.text)
+    assert done == "[DONE]"
+    assert all("usage" not in json.loads(chunk) for chunk in chunks)
+    assert len(chunks) == 3
+
+
+async def test_metrics_carry_vllms_names_labels_and_units(
+    client: httpx.AsyncClient, sim: SimEngine
+) -> None:
+    stream = sim.generate(
+        GenerationRequest(request_id="a", kind=JobKind.SUMMARIZE, input=DOC, max_tokens=50)
+    )
+    await anext(stream)  # prefilled: the prompt's blocks are held
+    held = BLOCKS - sim.capacity().free_blocks
+    text = (await client.get("/metrics")).text
+    await stream.aclose()
+
+    samples = {
+        sample.name: sample
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    labels = {"model_name": MODEL, "engine": "0"}
+    assert samples["vllm:num_requests_running"].labels == labels
+    assert samples["vllm:num_requests_running"].value == 1
+    assert samples["vllm:num_requests_waiting"].value == 0
+    assert samples["vllm:kv_cache_usage_perc"].value == pytest.approx(held / BLOCKS)
+    assert 0 < held < BLOCKS
+    assert "\nvllm:num_preemptions_total{" in text  # a counter, named as vLLM's exposition has it
+    assert samples["vllm:num_preemptions_total"].labels == labels
+    info = samples["vllm:cache_config_info"]
+    assert info.value == 1.0
+    assert info.labels["block_size"] == "16"
+    assert info.labels["num_gpu_blocks"] == str(BLOCKS + 1)  # with vLLM's null block
+    assert info.labels["engine"] == "0"
+
+
+async def test_health_models_and_tokenize(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/health")).status_code == 200
+    models = (await client.get("/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    assert models["data"][0]["max_model_len"] == BLOCKS * 16
+    tokens = (await client.post("/tokenize", json={"prompt": PROMPT})).json()
+    assert tokens["count"] == len(tokens["tokens"]) == count_tokens(PROMPT)
+
+
+async def test_a_client_disconnect_aborts_the_request(
+    slow_server: tuple[SimEngine, str],
+) -> None:
+    sim, url = slow_server
+    async with (
+        httpx.AsyncClient(base_url=url) as http,
+        http.stream("POST", "/v1/completions", json={**summary(200), "stream": True}) as answer,
+    ):
+        await anext(answer.aiter_lines())
+        assert sim.capacity().running == 1
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 0.5  # far less than the rest of the output would take
+    while sim.capacity().free_blocks < BLOCKS:
+        assert loop.time() < deadline
+        await asyncio.sleep(0.005)
+    assert sim.capacity().running == 0
+
+
+async def test_the_request_id_header_names_the_request_in_the_engine(
+    slow_server: tuple[SimEngine, str],
+) -> None:
+    sim, url = slow_server
+    body = {**summary(200), "stream": True}
+    async with (
+        httpx.AsyncClient(base_url=url) as http,
+        http.stream(
+            "POST", "/v1/completions", json=body, headers={"X-Request-Id": "job-9"}
+        ) as answer,
+    ):
+        lines = answer.aiter_lines()
+        assert json.loads((await anext(lines)).removeprefix("data: "))["id"] == "cmpl-job-9"
+        again = await http.post("/v1/completions", json=body, headers={"X-Request-Id": "job-9"})
+        assert again.status_code == 400
+        assert "already running" in again.json()["error"]["message"]
+        await sim.abort("job-9")  # an abort in the engine: the stream ends with an error
+        rest = [line.removeprefix("data: ") async for line in lines if line]
+    *_, error, done = rest
+    assert json.loads(error)["error"]["code"] == 503
+    assert done == "[DONE]"
+    assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in rest[:-2])
