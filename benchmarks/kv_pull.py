@@ -1,0 +1,300 @@
+"""KV-gated pull against greedy pull, same workload, saturating load.
+
+For each scenario (``SCENARIOS``), the same backlog of summarization jobs is loaded into
+Kafka, then one worker on the default simulator (an 8B Llama-class model on an 80 GB GPU, real
+roofline time) drains it, once per pull policy:
+
+- ``kv``: start a job only when free KV blocks less reserved growth cover its need;
+- ``greedy``: take every record at once and let the engine queue and preempt.
+
+Figures: KV usage over time, preemptions, decode throughput, deadline misses.
+
+    python -m benchmarks.kv_pull [--scenario NAME]... [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY
+from sqlalchemy import select
+
+from benchmarks.harness import Bench, percentile, pipeline, services
+from schemas.constants import M_JOBS_STARTED
+from schemas.tables import jobs
+from sluicegate.db import make_engine
+from workers.engines.sim import SimEngine
+from workers.service import run_worker
+
+OUT = Path("docs/bench/kv_pull.json")
+WORDS = (
+    "the",
+    "lock",
+    "gate",
+    "canal",
+    "basin",
+    "water",
+    "level",
+    "boat",
+    "crew",
+    "harbour",
+    "master",
+    "survey",
+    "silt",
+    "dredging",
+    "winter",
+    "fleet",
+    "channel",
+    "pump",
+    "sluice",
+    "valve",
+    "pressure",
+    "river",
+    "flood",
+    "tide",
+    "lever",
+    "keeper",
+    "bridge",
+    "mooring",
+    "cargo",
+    "barge",
+    "towpath",
+    "engine",
+    "weir",
+    "reservoir",
+    "spillway",
+    "measured",
+    "reported",
+)
+TERMINAL = {"succeeded", "failed", "expired", "cancelled", "abandoned"}
+
+
+def document(rng: random.Random, tokens: int) -> str:
+    """About ``tokens`` simulator tokens of prose (one per word and per full stop)."""
+    sentences, count = [], 0
+    while count < tokens:
+        length = rng.randint(8, 20)
+        words = [rng.choice(WORDS) for _ in range(length)]
+        sentences.append(" ".join(words).capitalize() + ".")
+        count += length + 1
+    return " ".join(sentences)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    jobs: int
+    prompt_tokens: tuple[int, int]
+    max_tokens: int
+    ttl_s: float
+
+    def documents(self, seed: int = 3) -> list[str]:
+        rng = random.Random(seed)
+        return [document(rng, rng.randint(*self.prompt_tokens)) for _ in range(self.jobs)]
+
+
+SCENARIOS = {
+    # Long documents, short summaries: prefill (compute) bound.
+    "prefill_heavy": Scenario(jobs=800, prompt_tokens=(1000, 3000), max_tokens=256, ttl_s=120),
+    # Shorter documents, long summaries (the output is the document up to max_tokens): the
+    # decode phase holds the KV cache, which is what binds.
+    "decode_heavy": Scenario(jobs=400, prompt_tokens=(300, 1500), max_tokens=1024, ttl_s=150),
+}
+
+
+async def run_policy(admin: str, bootstrap: str, policy: str, scenario: Scenario) -> dict[str, Any]:
+    docs = scenario.documents()
+    overrides: dict[str, object] = {
+        "pull_policy": policy,
+        "worker_max_running": 256 if policy == "kv" else 100_000,
+        "lag_soft": 1_000_000,
+        "lag_hard": 2_000_000,
+        "deadline_aware": False,
+        "max_input_bytes": 1_000_000,
+        "partitions": 4,
+    }
+    async with pipeline(admin, bootstrap, **overrides) as bench:
+        bench.start_relay()
+        loaded = time.monotonic()
+        for doc in docs:
+            body = {
+                "kind": "summarize",
+                "input": doc,
+                "max_tokens": scenario.max_tokens,
+                "ttl_s": scenario.ttl_s,
+            }
+            response = await bench.client.post("/v1/jobs", json=body)
+            assert response.status_code == 202, response.text
+        await wait_published(bench, len(docs))
+        engine = SimEngine(time_scale=1.0)
+        samples: list[Sample] = []
+        start = time.monotonic()
+        handed = started_jobs()
+        worker = asyncio.create_task(run_worker(bench.settings, bench.stop, engine=engine))
+        bench.tasks.append(worker)
+        while True:
+            cap = engine.capacity()
+            # Saturated while jobs wait, in Kafka (kv) or in the engine's queue (greedy).
+            backlog = len(docs) - (started_jobs() - handed) + cap.waiting
+            samples.append(
+                Sample(
+                    time.monotonic() - start,
+                    cap.usage,
+                    cap.running,
+                    cap.waiting,
+                    engine.tokens_decoded,
+                    backlog > 0,
+                )
+            )
+            if len(samples) % 10 == 0 and await terminal_count(bench) == len(docs):
+                break
+            await asyncio.sleep(0.1)
+        elapsed = time.monotonic() - start
+        rows = await job_rows(bench)
+    return summarize_run(policy, engine, samples, rows, elapsed, time.monotonic() - loaded)
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float
+    usage: float
+    running: int
+    waiting: int
+    decoded: int
+    saturated: bool
+
+
+def started_jobs() -> int:
+    """Jobs handed to an engine in this process so far (the worker's own counter)."""
+    return int(REGISTRY.get_sample_value(M_JOBS_STARTED) or 0)
+
+
+async def wait_published(bench: Bench, count: int) -> None:
+    monitor = bench.app.state.monitor
+    async with asyncio.timeout(120):
+        while True:
+            if monitor.snapshot().lag >= count:
+                return
+            await asyncio.sleep(0.2)
+
+
+async def terminal_count(bench: Bench) -> int:
+    return sum(1 for row in await job_rows(bench) if row["state"] in TERMINAL)
+
+
+async def job_rows(bench: Bench) -> list[dict[str, Any]]:
+    db = make_engine(bench.settings.require_database_url(), pool_size=1)
+    try:
+        async with db.connect() as conn:
+            result = await conn.execute(
+                select(
+                    jobs.c.state,
+                    jobs.c.deadline,
+                    jobs.c.started_at,
+                    jobs.c.finished_at,
+                    jobs.c.result,
+                )
+            )
+            return [dict(row._mapping) for row in result]
+    finally:
+        await db.dispose()
+
+
+def summarize_run(
+    policy: str,
+    engine: SimEngine,
+    samples: list[Sample],
+    rows: list[dict[str, Any]],
+    elapsed: float,
+    total: float,
+) -> dict[str, Any]:
+    started = sorted(r["started_at"] for r in rows if r["started_at"] is not None)
+    finished = sorted(r["finished_at"] for r in rows if r["finished_at"] is not None)
+    window = (finished[-1] - started[0]).total_seconds()
+    # The saturated stretch: once the cache first filled up, while work was still waiting.
+    filled = next((s.at for s in samples if s.usage >= 0.8), None)
+    busy = [s for s in samples if s.saturated and filled is not None and s.at >= filled]
+    usage = [s.usage for s in busy]
+    busy_s = busy[-1].at - busy[0].at if len(busy) > 1 else 0.0
+    output_tokens = sum(r["result"]["output_tokens"] for r in rows if r["result"])
+    prompt_tokens = sum(r["result"]["prompt_tokens"] for r in rows if r["result"])
+    misses = sum(
+        1
+        for r in rows
+        if r["state"] == "expired" or (r["finished_at"] and r["finished_at"] > r["deadline"])
+    )
+    return {
+        "policy": policy,
+        "jobs": len(rows),
+        "succeeded": sum(1 for r in rows if r["state"] == "succeeded"),
+        "expired_before_decoding": sum(1 for r in rows if r["state"] == "expired"),
+        "deadline_misses": misses,
+        "preemptions": engine.capacity().preemptions,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "first_start_to_last_end_s": round(window, 2),
+        "output_tokens_per_s": round(output_tokens / window, 1),
+        "all_tokens_per_s": round((prompt_tokens + output_tokens) / window, 1),
+        "gpu_s_simulated": round(engine.simulated_s, 2),
+        "output_tokens_per_gpu_s": round(engine.tokens_decoded / engine.simulated_s, 1),
+        "saturated_s": round(busy_s, 1),
+        "saturated_output_tokens_per_s": round((busy[-1].decoded - busy[0].decoded) / busy_s, 1)
+        if busy_s > 0
+        else None,
+        "kv_usage_mean_saturated": round(sum(usage) / len(usage), 4) if usage else None,
+        "kv_usage_p10_saturated": round(percentile(usage, 0.10), 4) if usage else None,
+        "kv_usage_max": round(max(s.usage for s in samples), 4),
+        "most_running": max(s.running for s in samples),
+        "most_waiting_in_engine": max(s.waiting for s in samples),
+        "kv_usage_each_s": [round(s.usage, 3) for s in samples[::10]],
+        "worker_run_s": round(elapsed, 1),
+        "run_s_with_loading": round(total, 1),
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), action="append")
+    parser.add_argument("--jobs", type=int, default=None, help="override the job count")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    results: dict[str, Any] = {}
+    async with services() as (admin, bootstrap):
+        for name in args.scenario or sorted(SCENARIOS, reverse=True):
+            scenario = SCENARIOS[name]
+            if args.jobs:
+                scenario = replace(scenario, jobs=args.jobs)
+            results[name] = {"scenario": asdict(scenario)}
+            for policy in ("kv", "greedy"):
+                run = await run_policy(admin, bootstrap, policy, scenario)
+                results[name][policy] = run
+                shown = {k: v for k, v in run.items() if k != "kv_usage_each_s"}
+                print(f"{name} / {policy}:", json.dumps(shown, indent=1), flush=True)
+            compare(results[name])
+    write(results)
+
+
+def compare(result: dict[str, Any]) -> None:
+    kv, greedy = result["kv"], result["greedy"]
+    for key in ("output_tokens_per_s", "output_tokens_per_gpu_s", "saturated_output_tokens_per_s"):
+        if kv[key] and greedy[key]:
+            ratio = kv[key] / greedy[key]
+            result[f"kv_over_greedy_{key}"] = round(ratio, 4)
+            print(f"KV-gated / greedy, {key}: {ratio:.3f}")
+
+
+def write(results: dict[str, Any]) -> None:
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(results, indent=1, default=str))
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
