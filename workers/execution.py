@@ -35,23 +35,12 @@ class Progress(Protocol):
     def completed(self, output_tokens: int) -> None: ...
 
 
-class _Unwatched:
-    def prompt_counted(self, tokens: int) -> None:
-        pass
-
-    def decoded(self) -> None:
-        pass
-
-    def completed(self, output_tokens: int) -> None:
-        pass
-
-
 class Executor:
     def __init__(self, *, engine: InferenceEngine, repo: WorkerRepository) -> None:
         self._engine = engine
         self._repo = repo
 
-    async def run(self, envelope: DispatchEnvelope, progress: Progress | None = None) -> None:
+    async def run(self, envelope: DispatchEnvelope, progress: Progress) -> None:
         """Run the job to a terminal state, or leave it for redelivery if stopped first."""
         job = await self._retrying(lambda: self._repo.claim(envelope.job_id))
         if job is None:
@@ -62,7 +51,7 @@ class Executor:
                 job, JobState.EXPIRED, error={"code": "deadline_passed", "message": "expired"}
             )
             return
-        state, result, error = await self._decode(job, progress or _Unwatched())
+        state, result, error = await self._decode(job, progress)
         await self._finish(job, state, result=result, error=error)
 
     async def _decode(

@@ -14,7 +14,7 @@ from typing import Literal
 
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import JobKind
-from workers.engines.base import InferenceEngine
+from workers.engines.base import Capacity, InferenceEngine
 from workers.kv import ExpectedOutput, KvLedger
 from workers.metrics import UNDER_RESERVED
 
@@ -60,33 +60,26 @@ class PullGate:
 
     def room(self) -> bool:
         """Whether one more job may be in flight at all (before its size is known)."""
-        if self.ledger.running >= self.max_running:
-            return False
-        if self.policy == "greedy":
-            return True
-        cap = self._engine.capacity()
-        return cap.max_running is None or cap.running + cap.waiting < cap.max_running
+        return self._room(self._engine.capacity())
 
     def need(self, envelope: DispatchEnvelope) -> int:
         """Blocks the job will hold at its end, on this engine."""
-        expected = self.expected.tokens(envelope.kind, envelope.max_tokens)
-        return self._ledger_for_engine().need(envelope.prompt_tokens, expected)
+        return self._need(envelope, self._engine.capacity())
 
     def admits(self, envelope: DispatchEnvelope) -> bool:
-        if not self.room():
+        cap = self._engine.capacity()  # one reading for the whole decision
+        if not self._room(cap):
             return False
         if self.policy == "greedy":
             return True
-        cap = self._engine.capacity()
         if cap.total_blocks <= 0:
             return False  # capacity not known yet (a remote engine before its first scrape)
-        ledger = self._ledger_for_engine()
-        need = self.need(envelope)
-        if need > cap.total_blocks - ledger.watermark_blocks:
+        need = self._need(envelope, cap)
+        if need > cap.total_blocks - self.ledger.watermark_blocks:
             # Larger than the cache can ever hold beside the watermark: start it alone and
             # let the engine run it or refuse it with a clear error.
-            return ledger.running == 0
-        return ledger.can_start(need, cap.free_blocks, cap.total_blocks)
+            return self.ledger.running == 0
+        return self.ledger.can_start(need, cap.free_blocks, cap.total_blocks)
 
     def started(self, envelope: DispatchEnvelope) -> JobProgress:
         expected = self.expected.tokens(envelope.kind, envelope.max_tokens)
@@ -105,11 +98,17 @@ class PullGate:
         cap = self._engine.capacity()
         return self.ledger.reserved_growth(cap.total_blocks - cap.free_blocks)
 
-    def _ledger_for_engine(self) -> KvLedger:
-        """The ledger in the engine's block size (known once the engine reports it)."""
-        cap = self._engine.capacity()
-        watermark = math.ceil(self._watermark * cap.total_blocks)
-        if cap.block_size != self.ledger.block_size:
-            self.ledger.block_size = cap.block_size
-        self.ledger.watermark_blocks = watermark
-        return self.ledger
+    def _room(self, cap: Capacity) -> bool:
+        if self.ledger.running >= self.max_running:
+            return False
+        if self.policy == "greedy":
+            return True
+        return cap.max_running is None or cap.running + cap.waiting < cap.max_running
+
+    def _need(self, envelope: DispatchEnvelope, cap: Capacity) -> int:
+        """The need in the engine's block size; the ledger takes on the engine's block size
+        and the watermark in blocks (both known once the engine reports its cache)."""
+        self.ledger.block_size = cap.block_size
+        self.ledger.watermark_blocks = math.ceil(self._watermark * cap.total_blocks)
+        expected = self.expected.tokens(envelope.kind, envelope.max_tokens)
+        return self.ledger.need(envelope.prompt_tokens, expected)

@@ -1,5 +1,5 @@
-"""What only the simulator engine does: paged KV, preemption, roofline time. The behaviour
-every engine shares is in tests/contract."""
+"""What only the simulator engine does: cache sizing, queueing, roofline time. The behaviour
+every engine shares (abort, preemption reporting, too-large refusal) is in tests/contract."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest, InferenceEngine
-from workers.engines.errors import RequestTooLarge
 from workers.engines.output import simulated_output
 from workers.engines.profiles import GPU_80GB, LLAMA_8B, Roofline
 from workers.engines.sim import SimEngine
@@ -74,24 +73,6 @@ async def test_blocks_held_while_running_match_the_context(started: list[SimEngi
     assert engine.capacity().free_blocks == engine.capacity().total_blocks
 
 
-async def test_a_small_cache_preempts_and_still_completes(started: list[SimEngine]) -> None:
-    # Short prompts are all admitted at once (one block each); their growth does not fit.
-    engine = await start(started, num_blocks=10, time_scale=0.0)
-    reqs = [
-        GenerationRequest(
-            request_id=f"r{i}",
-            kind=JobKind.COMPLETE,
-            input=f"Tell story {i} about the locks and the gates of the old canal.",
-            max_tokens=60,
-        )
-        for i in range(6)
-    ]
-    outputs = await asyncio.gather(*(collect(engine, r) for r in reqs))
-    assert [len(o) for o in outputs] == [len(simulated_output(r)) for r in reqs]
-    assert engine.capacity().preemptions > 0
-    assert engine.capacity().free_blocks == 10
-
-
 async def test_requests_beyond_the_cache_wait_in_the_engine_queue(
     started: list[SimEngine],
 ) -> None:
@@ -106,13 +87,6 @@ async def test_requests_beyond_the_cache_wait_in_the_engine_queue(
     await first.aclose()
     assert await asyncio.wait_for(second, 10) == simulated_output(request("b"))
     assert engine.capacity().preemptions == 0
-
-
-async def test_a_request_larger_than_the_cache_is_refused(started: list[SimEngine]) -> None:
-    engine = await start(started, num_blocks=2, time_scale=0.0)
-    with pytest.raises(RequestTooLarge):
-        await collect(engine, request("big"))
-    assert engine.capacity().free_blocks == 2
 
 
 async def test_decoding_takes_the_roofline_time(started: list[SimEngine]) -> None:
