@@ -67,6 +67,8 @@ class JobRepository:
                             callback_url=new.callback_url,
                             idempotency_key=new.idempotency_key,
                             request_hash=new.request_hash,
+                            abandon_on_disconnect=new.abandon_on_disconnect,
+                            abandon_after_s=new.abandon_after_s,
                         )
                         .on_conflict_do_nothing(
                             index_elements=["tenant", "idempotency_key"],

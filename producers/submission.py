@@ -49,6 +49,8 @@ def new_job(
         raise InvalidRequest("input is blank", details=[{"loc": ["input"], "type": "blank"}])
     if body.max_tokens > settings.max_tokens_limit:
         raise MaxTokensTooLarge(f"max_tokens is over the limit of {settings.max_tokens_limit}")
+    if body.abandon_after_s is not None and body.abandon_after_s > settings.max_ttl_s:
+        raise InvalidRequest(f"abandon_after_s is over the limit of {settings.max_ttl_s} s")
     if body.deadline is not None:
         deadline = body.deadline
     else:
@@ -73,4 +75,6 @@ def new_job(
         callback_url=body.callback_url,
         idempotency_key=key,
         request_hash=request_hash(body) if key else None,
+        abandon_on_disconnect=body.abandon_on_disconnect,
+        abandon_after_s=body.abandon_after_s,
     )

@@ -24,6 +24,14 @@ class SubmitJob(BaseModel):
     priority: Priority = Priority.NORMAL
     callback_url: Annotated[StrictStr, Field(max_length=2048)] | None = None
     idempotency_key: Annotated[StrictStr, Field(min_length=1, max_length=255)] | None = None
+    abandon_on_disconnect: bool = Field(
+        default=False,
+        description="Abandon the job if the caller's waiting connection (?wait=) closes first",
+    )
+    abandon_after_s: Annotated[
+        StrictFloat | StrictInt,
+        Field(gt=0, description="Abandon the job when it is not polled for this long"),
+    ] | None = None
 
 
 class ErrorBody(BaseModel):
@@ -61,6 +69,10 @@ class JobView(BaseModel):
     attempt: int
     result: dict[str, Any] | None
     error: dict[str, Any] | None
+    abandon_on_disconnect: bool
+    abandon_after_s: float | None
+    last_seen_at: datetime
+    decoded_tokens: int | None
     status_url: str
 
     @classmethod
@@ -82,5 +94,9 @@ class JobView(BaseModel):
             attempt=job.attempt,
             result=job.result,
             error=job.error,
+            abandon_on_disconnect=job.abandon_on_disconnect,
+            abandon_after_s=job.abandon_after_s,
+            last_seen_at=job.last_seen_at,
+            decoded_tokens=job.decoded_tokens,
             status_url=status_url,
         )

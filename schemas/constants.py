@@ -15,6 +15,10 @@ HEADER_IDEMPOTENCY_KEY = "Idempotency-Key"
 HEADER_IDEMPOTENT_REPLAY = "Idempotent-Replayed"
 
 OUTBOX_CHANNEL = "sluicegate_outbox"
+# Every change of a job into a terminal state, payload "<job id> <state> <epoch seconds>"
+# (a trigger on jobs sends it, so no writer can forget): wakes long-polls, and tells workers
+# to abort a job that was cancelled or abandoned while it decodes.
+JOBS_CHANNEL = "sluicegate_jobs"
 DEFAULT_TENANT = "default"
 
 # Prometheus metric names (the sim-server also exposes vLLM's own names).
@@ -33,6 +37,10 @@ M_KV_FREE = "sluicegate_worker_kv_blocks_free"
 M_PAUSED_SECONDS = "sluicegate_worker_paused_seconds_total"
 M_PREEMPTIONS = "sluicegate_worker_engine_preemptions"
 M_UNDER_RESERVED = "sluicegate_worker_kv_under_reserved_total"
+M_DROPPED = "sluicegate_worker_jobs_dropped_total"
+M_ABORTED = "sluicegate_worker_jobs_aborted_total"
+M_WASTED_TOKENS = "sluicegate_worker_tokens_wasted_total"
+M_ABORT_SECONDS = "sluicegate_worker_cancel_to_abort_seconds"
 M_ADMISSIONS = "sluicegate_admission_decisions_total"
 M_BLOCKED = "sluicegate_admission_blocked"
 M_LAG = "sluicegate_lag_records"

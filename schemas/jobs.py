@@ -40,6 +40,8 @@ class NewJob:
     callback_url: str | None
     idempotency_key: str | None
     request_hash: str | None
+    abandon_on_disconnect: bool = False
+    abandon_after_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +65,10 @@ class Job:
     attempt: int
     result: dict[str, Any] | None
     error: dict[str, Any] | None
+    abandon_on_disconnect: bool
+    abandon_after_s: float | None
+    last_seen_at: datetime
+    decoded_tokens: int | None
 
 
 def job_from_row(row: Mapping[Any, Any]) -> Job:
@@ -84,4 +90,8 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         attempt=row["attempt"],
         result=row["result"],
         error=row["error"],
+        abandon_on_disconnect=row["abandon_on_disconnect"],
+        abandon_after_s=row["abandon_after_s"],
+        last_seen_at=row["last_seen_at"],
+        decoded_tokens=row["decoded_tokens"],
     )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     LargeBinary,
@@ -57,7 +59,15 @@ jobs = Table(
     Column("attempt", Integer, nullable=False, server_default=text("0")),
     Column("result", JSONB, nullable=True),
     Column("error", JSONB, nullable=True),
+    # How the caller may go away: by closing a waiting connection (abandon_on_disconnect),
+    # or by not polling for abandon_after_s seconds (a lease renewed by every poll).
+    Column("abandon_on_disconnect", Boolean, nullable=False, server_default=text("false")),
+    Column("abandon_after_s", Float, nullable=True),
+    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Output tokens decoded on the attempt that ended the job (wasted unless it succeeded).
+    Column("decoded_tokens", Integer, nullable=True),
     CheckConstraint(_one_of("state", JobState), name="state"),
+    CheckConstraint("abandon_after_s > 0", name="abandon_after_s"),
     CheckConstraint(_one_of("kind", JobKind), name="kind"),
     CheckConstraint(_one_of("priority", Priority), name="priority"),
     CheckConstraint("max_tokens > 0", name="max_tokens"),

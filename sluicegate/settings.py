@@ -67,6 +67,8 @@ class Settings(BaseSettings):
     tenant_rpm: int | None = Field(default=None, ge=1)
     tenant_tpm: int | None = Field(default=None, ge=1)
     api_max_connections: int = Field(default=1024, ge=1)
+    # Longest a request may hold its connection waiting for a terminal state (?wait=).
+    max_wait_s: float = Field(default=60.0, gt=0)
 
     # Outbox relay
     relay_batch_size: int = Field(default=500, ge=1)
@@ -94,6 +96,18 @@ class Settings(BaseSettings):
     # prefetch of records it has not taken yet).
     worker_fetch_bytes: int = Field(default=64 * 1024, ge=1024)
     drain_timeout_s: float = Field(default=20.0, gt=0)
+    # Most dispatch records claimed in one transaction (their states looked up in one query).
+    claim_batch: int = Field(default=64, ge=1)
+    # Expire a job before decode when now + its predicted service time (from its prompt,
+    # its expected output and the engine's measured speed) is past its deadline.
+    drop_unreachable: bool = True
+    # Jobs finished here that the measured speed is the median of; the prediction waits
+    # for speed_min_samples of them.
+    speed_window: int = Field(default=256, ge=1)
+    speed_min_samples: int = Field(default=8, ge=1)
+    # How often a worker re-reads the states of the jobs it runs: catches a notice missed
+    # while its LISTEN connection was down, and heartbeat leases that lapsed.
+    control_sweep_s: float = Field(default=0.5, gt=0)
 
     # Simulator engine (engine = "sim"): an 8B Llama-class model on an 80 GB GPU by default.
     sim_time_scale: float = Field(default=1.0, ge=0)

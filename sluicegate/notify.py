@@ -1,0 +1,87 @@
+"""One PostgreSQL LISTEN connection that stays up.
+
+Notifications sent while the connection was down are lost, so every (re)connect is reported
+to ``on_connect``: the listener's owner re-reads what it waits on instead of trusting that it
+heard everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import asyncpg
+
+from sluicegate.aio import wait_first
+from sluicegate.db import libpq_url
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobNotice:
+    """A job entered a terminal state (the jobs trigger's payload)."""
+
+    job_id: str
+    state: str
+    at: float  # epoch seconds of the write, by the database's clock
+
+    @classmethod
+    def parse(cls, payload: str) -> JobNotice | None:
+        parts = payload.split(" ")
+        if len(parts) != 3:
+            return None
+        try:
+            return cls(job_id=parts[0], state=parts[1], at=float(parts[2]))
+        except ValueError:
+            return None
+
+
+class Listener:
+    def __init__(
+        self,
+        url: str,
+        channel: str,
+        *,
+        on_notice: Callable[[str], None],
+        on_connect: Callable[[], None] | None = None,
+    ) -> None:
+        self._url = libpq_url(url)
+        self._channel = channel
+        self._on_notice = on_notice
+        self._on_connect = on_connect
+        self.connected = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = 0.1
+        while not stop.is_set():
+            lost = asyncio.Event()
+            try:
+                conn = await asyncpg.connect(self._url, timeout=5)
+            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                log.warning("LISTEN %s unavailable, retrying in %.1fs: %r", self._channel, backoff, exc)
+                await wait_first(stop, limit_s=backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            try:
+                conn.add_termination_listener(lambda _: lost.set())
+                await conn.add_listener(self._channel, self._notified)
+                backoff = 0.1
+                self.connected.set()
+                if self._on_connect is not None:
+                    self._on_connect()
+                await wait_first(stop, lost)
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("LISTEN %s lost: %r", self._channel, exc)
+            finally:
+                self.connected.clear()
+                with contextlib.suppress(Exception):
+                    await conn.close(timeout=2)
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self._on_notice(payload)
