@@ -15,7 +15,7 @@ HEADER_IDEMPOTENCY_KEY = "Idempotency-Key"
 HEADER_IDEMPOTENT_REPLAY = "Idempotent-Replayed"
 
 OUTBOX_CHANNEL = "sluicegate_outbox"
-# Every change of a job into a terminal state, payload "<job id> <state> <epoch seconds>"
+# Every change of a job into a terminal state, payload "<job id> <state> <epoch> <reason>"
 # (a trigger on jobs sends it, so no writer can forget): wakes long-polls, and tells workers
 # to abort a job that was cancelled or abandoned while it decodes.
 JOBS_CHANNEL = "sluicegate_jobs"

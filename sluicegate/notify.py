@@ -30,16 +30,19 @@ class JobNotice:
     job_id: str
     state: str
     at: float  # epoch seconds of the write, by the database's clock
+    reason: str  # the error's reason or code (cancelled, disconnected, ...), else the state
 
     @classmethod
     def parse(cls, payload: str) -> JobNotice | None:
         parts = payload.split(" ")
-        if len(parts) != 3:
+        if len(parts) not in (3, 4):
             return None
         try:
-            return cls(job_id=parts[0], state=parts[1], at=float(parts[2]))
+            at = float(parts[2])
         except ValueError:
             return None
+        reason = parts[3] if len(parts) == 4 else parts[1]
+        return cls(job_id=parts[0], state=parts[1], at=at, reason=reason)
 
 
 class Listener:
@@ -83,5 +86,5 @@ class Listener:
                 with contextlib.suppress(Exception):
                     await conn.close(timeout=2)
 
-    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        self._on_notice(payload)
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        self._on_notice(str(payload))

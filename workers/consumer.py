@@ -1,5 +1,6 @@
 """The worker's consumer loop: take a record only when the engine can start its job, pause
-the partitions while it cannot, commit each partition up to its lowest unfinished job."""
+the partitions while it cannot, pass what fits through the pre-decode gate in one claim per
+batch, commit each partition up to its lowest unfinished job."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from pydantic import ValidationError
 from schemas.envelopes import DispatchEnvelope
 from sluicegate.aio import wait_first
 from sluicegate.kafka import cluster_id
-from workers.execution import Executor
-from workers.gate import PullGate
-from workers.metrics import DEAD_LETTERED, JOBS_RUNNING, PAUSED_SECONDS
+from workers.execution import Executor, Progress
+from workers.gate import Drop, PullGate
+from workers.metrics import DEAD_LETTERED, DROPPED, JOBS_RUNNING, PAUSED_SECONDS
 from workers.offsets import OffsetTracker
+from workers.repository import Claimed
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class Worker:
         topic: str,
         bootstrap: str,
         drain_timeout_s: float,
+        claim_batch: int = 64,
     ) -> None:
         self.consumer = consumer
         self.gate = gate
@@ -66,6 +69,9 @@ class Worker:
         self._bootstrap = bootstrap
         self._cluster: str | None = None
         self._drain_timeout_s = drain_timeout_s
+        self._claim_batch = claim_batch
+        # Records taken and fitted, being judged and claimed (a revoke may drop some).
+        self._batch: list[tuple[Held, Progress]] = []
         self._offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         self._tasks: dict[asyncio.Task[None], TopicPartition] = {}
         self._jobs: dict[asyncio.Task[None], str] = {}
@@ -94,17 +100,16 @@ class Worker:
                     self._resume()
                     self.held = await self._take()
                 elif self.gate.admits(self.held.envelope):
-                    self._start(self.held)
-                    self.held = None
+                    await self._start_batch(stop)
                 else:
                     await self._wait_for_room(stop)
         finally:
             self._resume()
             await self._drain()
 
-    async def _take(self) -> Held | None:
-        """The next record, if one comes within the fetch timeout and is a job to run."""
-        batches = await self.consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=1)
+    async def _take(self, timeout_ms: int = FETCH_TIMEOUT_MS) -> Held | None:
+        """The next record, if one comes within the timeout and is a job to run."""
+        batches = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=1)
         for tp, records in batches.items():
             for record in records:
                 return self._decode(tp, record)
@@ -118,7 +123,9 @@ class Worker:
             log.error("undecodable record %s@%d skipped: %s", tp, record.offset, exc)
             self._skip(tp, record.offset)
             return None
-        if envelope.job_id in self._jobs.values():
+        if envelope.job_id in self._jobs.values() or any(
+            h.envelope.job_id == envelope.job_id for h, _ in self._batch
+        ):
             # A repeated dispatch record (the relay re-sends after an unacknowledged batch)
             # of a job this worker is running: the first record's offset holds the watermark.
             log.info("job %s is already running here; duplicate record skipped", envelope.job_id)
@@ -146,15 +153,47 @@ class Worker:
             if records:
                 self.consumer.seek(tp, records[0].offset)
 
-    def _start(self, held: Held) -> None:
-        self._offsets.started(held.tp, held.offset)
-        progress = self.gate.started(held.envelope)
-        job_id = held.envelope.job_id
-        task = asyncio.create_task(
-            self._executor.run(held.envelope, progress), name=f"job-{job_id}"
-        )
+    async def _start_batch(self, stop: asyncio.Event) -> None:
+        """Start the held record and every further one that is ready now and fits (up to
+        ``claim_batch``): each reserves its KV need, then the pre-decode gate judges all of
+        them in one transaction; the fit ones go to the engine, the dropped ones release
+        their reservation and their offsets can commit."""
+        while self.held is not None and len(self._batch) < self._claim_batch:
+            if not self.gate.admits(self.held.envelope):
+                break
+            held, self.held = self.held, None
+            self._offsets.started(held.tp, held.offset)
+            self._batch.append((held, self.gate.started(held.envelope)))
+            if len(self._batch) < self._claim_batch and self.gate.room():
+                self.held = await self._take(timeout_ms=0)
+        ids = [h.envelope.job_id for h, _ in self._batch]
+        outcomes = await self._executor.claim(ids, stop)
+        batch, self._batch = self._batch, []
+        if outcomes is None:  # stopped while the database was down: redelivered later
+            for held, _ in batch:
+                self.gate.finished(held.envelope.job_id)
+            return
+        dropped = False
+        for held, progress in batch:
+            outcome = outcomes.get(held.envelope.job_id)
+            if isinstance(outcome, Claimed):
+                self._launch(held, outcome, progress)
+                continue
+            self.gate.finished(held.envelope.job_id)
+            self._offsets.finished(held.tp, held.offset)
+            dropped = True
+            if isinstance(outcome, Drop):
+                DROPPED.labels(reason=outcome.reason).inc()
+            else:
+                log.info("job %s is unknown here; record skipped", held.envelope.job_id)
+        self._changed.set()
+        if dropped:
+            await self.commit()
+
+    def _launch(self, held: Held, job: Claimed, progress: Progress) -> None:
+        task = asyncio.create_task(self._executor.run(job, progress), name=f"job-{job.id}")
         self._tasks[task] = held.tp
-        self._jobs[task] = job_id
+        self._jobs[task] = job.id
         JOBS_RUNNING.set(self.running)
         task.add_done_callback(lambda t: self._done(t, held.offset))
 
@@ -191,6 +230,11 @@ class Worker:
         """
         if self.held is not None and self.held.tp in partitions:
             self.held = None
+        # Records being claimed right now: the new owner's claim takes over (a new attempt).
+        revoked = [held for held, _ in self._batch if held.tp in partitions]
+        self._batch = [entry for entry in self._batch if entry[0].tp not in partitions]
+        for held in revoked:
+            self.gate.finished(held.envelope.job_id)
         tasks = [t for t, tp in self._tasks.items() if tp in partitions]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=self._drain_timeout_s)

@@ -1,20 +1,33 @@
-"""Run one dispatch record: claim the job, decode it on the engine, write its end."""
+"""Run a claimed job on the engine and write its end: succeeded, failed, or stopped
+mid-decode (cancelled, abandoned, or past its deadline) with its decoded tokens wasted."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from schemas.envelopes import DispatchEnvelope
 from schemas.states import JobState
+from sluicegate.aio import wait_first
+from workers.control import Control, Running
 from workers.engines.base import GenerationRequest, InferenceEngine
-from workers.metrics import JOB_SECONDS, JOBS_FINISHED, JOBS_STARTED, TOKENS_DECODED
+from workers.gate import Drop, PreDecodeGate
+from workers.metrics import (
+    ABORTED,
+    JOB_SECONDS,
+    JOBS_FINISHED,
+    JOBS_STARTED,
+    TOKENS_DECODED,
+    WASTED_TOKENS,
+)
 from workers.repository import Claimed, WorkerRepository
 
 log = logging.getLogger(__name__)
@@ -35,41 +48,86 @@ class Progress(Protocol):
     def completed(self, output_tokens: int) -> None: ...
 
 
+@dataclass
+class Decoded:
+    pieces: list[str] = field(default_factory=list)
+    first_s: float = 0.0  # to the first output token
+    total_s: float = 0.0  # to the end of the stream
+    failure: dict[str, Any] | None = None
+
+
 class Executor:
-    def __init__(self, *, engine: InferenceEngine, repo: WorkerRepository) -> None:
+    def __init__(
+        self,
+        *,
+        engine: InferenceEngine,
+        repo: WorkerRepository,
+        control: Control,
+        predecode: PreDecodeGate,
+    ) -> None:
         self._engine = engine
         self._repo = repo
+        self._control = control
+        self._predecode = predecode
 
-    async def run(self, envelope: DispatchEnvelope, progress: Progress) -> None:
-        """Run the job to a terminal state, or leave it for redelivery if stopped first."""
-        job = await self._retrying(lambda: self._repo.claim(envelope.job_id))
-        if job is None:
-            log.info("job %s is not claimable (terminal, cancelled or unknown)", envelope.job_id)
-            return
-        if job.deadline <= datetime.now(UTC):
-            await self._finish(
-                job, JobState.EXPIRED, error={"code": "deadline_passed", "message": "expired"}
+    async def claim(
+        self, job_ids: list[str], stop: asyncio.Event
+    ) -> dict[str, Claimed | Drop | None] | None:
+        """Judge and claim a batch through the pre-decode gate; None if ``stop`` came while
+        the database was unavailable (the records stay uncommitted)."""
+        try:
+            return await self._retrying(
+                lambda: self._repo.claim_batch(
+                    job_ids,
+                    lambda job: self._predecode.verdict(job, datetime.now(UTC)),
+                    self._engine.count_tokens,
+                ),
+                stop,
             )
-            return
-        state, result, error = await self._decode(job, progress)
-        await self._finish(job, state, result=result, error=error)
+        except _Stopped:
+            return None
 
-    async def _decode(
-        self, job: Claimed, progress: Progress
-    ) -> tuple[JobState, dict[str, Any] | None, dict[str, Any] | None]:
+    async def run(self, job: Claimed, progress: Progress) -> None:
+        """Decode a claimed job to a terminal state, or leave it for redelivery if the
+        task is cancelled first (a revoke or a stop past the drain timeout)."""
+        running = self._control.track(job, f"{job.id}:{job.attempt}")
+        try:
+            decoded = await self._decode(running, progress)
+            if running.reason is not None:
+                await self._stopped(running)
+            elif decoded.failure is not None:
+                WASTED_TOKENS.labels(reason="failed").inc(len(decoded.pieces))
+                await self._finish(
+                    job, JobState.FAILED, error=decoded.failure, decoded_tokens=len(decoded.pieces)
+                )
+            else:
+                await self._succeeded(job, decoded, progress)
+        finally:
+            self._control.untrack(running)
+
+    async def _decode(self, running: Running, progress: Progress) -> Decoded:
+        job = running.job
         request = GenerationRequest(
-            request_id=f"{job.id}:{job.attempt}",
+            request_id=running.request_id,
             kind=job.kind,
             input=job.input,
             max_tokens=job.max_tokens,
         )
-        prompt_tokens = self._engine.count_tokens(job.input)
-        progress.prompt_counted(prompt_tokens)
+        progress.prompt_counted(job.prompt_tokens)
+        out = Decoded()
+        if running.reason is not None:
+            return out  # stopped between the claim and this line
         JOBS_STARTED.inc()
-        pieces: list[str] = []
+        started = time.monotonic()
+        stream = self._engine.generate(request)
         try:
-            async for piece in self._engine.generate(request):
-                pieces.append(piece)
+            async for piece in stream:
+                if running.reason is not None:
+                    break  # stopped: not one more token is taken
+                if not out.pieces:
+                    out.first_s = time.monotonic() - started
+                out.pieces.append(piece)
+                running.decoded += 1
                 progress.decoded()
                 TOKENS_DECODED.inc()
         except asyncio.CancelledError:
@@ -78,16 +136,50 @@ class Executor:
         except Exception as exc:
             log.exception("engine failed on job %s", job.id)
             code = getattr(exc, "code", "engine_error")
-            return JobState.FAILED, None, {"code": code, "message": str(exc)[:500]}
+            out.failure = {"code": code, "message": str(exc)[:500]}
+        finally:
+            with contextlib.suppress(Exception):
+                await _close(stream)
+        out.total_s = time.monotonic() - started
+        return out
+
+    async def _succeeded(self, job: Claimed, decoded: Decoded, progress: Progress) -> None:
+        pieces = decoded.pieces
         progress.completed(len(pieces))
+        self._predecode.speed.record(
+            prompt_tokens=job.prompt_tokens,
+            first_token_s=decoded.first_s,
+            output_tokens=len(pieces),
+            total_s=decoded.total_s,
+        )
         result = {
             "text": "".join(pieces),
             "engine": self._engine.name,
             "simulated": self._engine.name == "sim",
-            "prompt_tokens": prompt_tokens,
+            "prompt_tokens": job.prompt_tokens,
             "output_tokens": len(pieces),
         }
-        return JobState.SUCCEEDED, result, None
+        written = await self._finish(
+            job, JobState.SUCCEEDED, result=result, decoded_tokens=len(pieces)
+        )
+        if not written:  # cancelled or abandoned after its last token, before this write
+            WASTED_TOKENS.labels(reason="superseded").inc(len(pieces))
+            await self._retrying(lambda: self._repo.record_decoded(job, len(pieces)))
+
+    async def _stopped(self, running: Running) -> None:
+        """The job was stopped mid-decode: make sure the engine let go of it, count what
+        it decoded as wasted, and write or annotate its end."""
+        job, reason, decoded = running.job, running.reason or "stopped", running.decoded
+        await asyncio.shield(self._engine.abort(running.request_id))
+        ABORTED.labels(reason=reason).inc()
+        WASTED_TOKENS.labels(reason=reason).inc(decoded)
+        if running.state is None:  # the deadline passed: this worker writes the end
+            drop = Drop(state=JobState.EXPIRED, reason=reason)
+            if await self._finish(
+                job, drop.state, error=drop.error("decode"), decoded_tokens=decoded
+            ):
+                return
+        await self._retrying(lambda: self._repo.record_decoded(job, decoded))
 
     async def _finish(
         self,
@@ -96,18 +188,26 @@ class Executor:
         *,
         result: dict[str, Any] | None = None,
         error: dict[str, Any] | None = None,
-    ) -> None:
+        decoded_tokens: int | None = None,
+    ) -> bool:
         # Shielded: a stop or revoke must not lose a result that was computed.
         written = await asyncio.shield(
-            self._retrying(lambda: self._repo.finish(job, state, result=result, error=error))
+            self._retrying(
+                lambda: self._repo.finish(
+                    job, state, result=result, error=error, decoded_tokens=decoded_tokens
+                )
+            )
         )
         if written:
             JOBS_FINISHED.labels(state=state.value).inc()
             JOB_SECONDS.observe((datetime.now(UTC) - job.created_at).total_seconds())
         else:
             log.info("job %s attempt %d was fenced off; result dropped", job.id, job.attempt)
+        return written
 
-    async def _retrying(self, op: Callable[[], Awaitable[T]]) -> T:
+    async def _retrying(
+        self, op: Callable[[], Awaitable[T]], stop: asyncio.Event | None = None
+    ) -> T:
         """Retry a database operation through outages; the record stays uncommitted."""
         backoff = 0.1
         while True:
@@ -115,5 +215,20 @@ class Executor:
                 return await op()
             except _TRANSIENT as exc:
                 log.warning("database unavailable, retrying in %.1fs: %r", backoff, exc)
-                await asyncio.sleep(backoff)
+                if stop is not None:
+                    await wait_first(stop, limit_s=backoff)
+                    if stop.is_set():
+                        raise _Stopped from exc
+                else:
+                    await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+
+class _Stopped(Exception):
+    pass
+
+
+async def _close(stream: object) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()

@@ -1,22 +1,31 @@
-"""The worker's pull gate: may the next dispatch record start on the engine now?
+"""The worker's two gates in front of the engine.
 
-Policy ``kv`` starts a job only when the engine's free KV blocks, less the growth reserved
-for the jobs already running and a watermark, cover the job's need. Policy ``greedy`` starts
-whatever it is given and lets the engine queue (kept to compare against). Both stop at
-``max_running`` jobs in flight.
+The pull gate: may the next dispatch record start on the engine now? Policy ``kv`` starts a
+job only when the engine's free KV blocks, less the growth reserved for the jobs already
+running and a watermark, cover the job's need. Policy ``greedy`` starts whatever it is given
+and lets the engine queue (kept to compare against). Both stop at ``max_running`` jobs in
+flight.
+
+The pre-decode gate: should a job that fits still run? It judges every job at the last
+moment, with its row locked, after the KV check and just before the engine sees it: a job
+that was cancelled, was abandoned by its caller, is past its deadline, or could only meet its
+deadline by running faster than the engine measurably runs, is dropped without an engine call.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Literal
 
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import JobKind
+from schemas.states import JobState
 from workers.engines.base import Capacity, InferenceEngine
 from workers.kv import ExpectedOutput, KvLedger
 from workers.metrics import UNDER_RESERVED
+from workers.speed import SpeedMeter
 
 Policy = Literal["kv", "greedy"]
 
@@ -112,3 +121,80 @@ class PullGate:
         self.ledger.watermark_blocks = math.ceil(self._watermark * cap.total_blocks)
         expected = self.expected.tokens(envelope.kind, envelope.max_tokens)
         return self.ledger.need(envelope.prompt_tokens, expected)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """What the pre-decode gate sees of a job: its row as read under lock."""
+
+    job_id: str
+    state: JobState
+    kind: JobKind
+    prompt_tokens: int
+    max_tokens: int
+    deadline: datetime
+    abandon_after_s: float | None
+    last_seen_at: datetime
+    db_now: datetime  # the database's clock, which stamps last_seen_at
+    reason: str | None = None  # of a terminal state already written (cancel, disconnect)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Drop:
+    """A job that will not reach the engine, and why.
+
+    ``write`` is False when its terminal state is already stored (the caller's cancel or
+    disconnect wrote it); the worker then only lets the record go.
+    """
+
+    state: JobState
+    reason: str
+    write: bool = True
+
+    def error(self, stage: str) -> dict[str, str]:
+        code = self.state.value if self.state is not JobState.EXPIRED else self.reason
+        return {
+            "code": code,
+            "reason": self.reason,
+            "stage": stage,
+            "message": _MESSAGES.get(self.reason, self.reason),
+        }
+
+
+_MESSAGES = {
+    "deadline_passed": "the deadline passed before the job finished",
+    "deadline_unreachable": "the job could not finish by its deadline at the engine's speed",
+    "heartbeat_lapsed": "the caller stopped polling for longer than abandon_after_s",
+    "cancelled": "cancelled by the caller",
+    "disconnected": "the caller's waiting connection closed",
+}
+
+
+class PreDecodeGate:
+    def __init__(
+        self, *, speed: SpeedMeter, expected: ExpectedOutput, drop_unreachable: bool = True
+    ) -> None:
+        self.speed = speed
+        self._expected = expected
+        self.drop_unreachable = drop_unreachable
+
+    def verdict(self, job: Candidate, now: datetime) -> Drop | None:
+        """None: hand the job to the engine now. A Drop: never."""
+        if job.state.terminal:
+            return Drop(state=job.state, reason=job.reason or job.state.value, write=False)
+        if job.deadline <= now:
+            return Drop(state=JobState.EXPIRED, reason="deadline_passed")
+        if lease_lapsed(job.abandon_after_s, job.last_seen_at, job.db_now):
+            return Drop(state=JobState.ABANDONED, reason="heartbeat_lapsed")
+        if self.drop_unreachable:
+            service_s = self.speed.service_s(
+                prompt_tokens=job.prompt_tokens,
+                output_tokens=self._expected.tokens(job.kind, job.max_tokens),
+            )
+            if service_s is not None and now + timedelta(seconds=service_s) > job.deadline:
+                return Drop(state=JobState.EXPIRED, reason="deadline_unreachable")
+        return None
+
+
+def lease_lapsed(abandon_after_s: float | None, last_seen_at: datetime, now: datetime) -> bool:
+    return abandon_after_s is not None and now - last_seen_at > timedelta(seconds=abandon_after_s)

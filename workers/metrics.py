@@ -32,6 +32,18 @@ PAUSED_SECONDS = Counter(
 UNDER_RESERVED = Counter(
     constants.M_UNDER_RESERVED, "Jobs that decoded more tokens than were reserved for them"
 )
+DROPPED = Counter(
+    constants.M_DROPPED, "Jobs dropped before decode, without an engine call", ["reason"]
+)
+ABORTED = Counter(constants.M_ABORTED, "Jobs aborted in the engine mid-decode", ["reason"])
+WASTED_TOKENS = Counter(
+    constants.M_WASTED_TOKENS, "Output tokens decoded for jobs that did not succeed", ["reason"]
+)
+ABORT_SECONDS = Histogram(
+    constants.M_ABORT_SECONDS,
+    "From a running job's cancel or abandonment being written to its abort in the engine",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
 KV_USAGE = Gauge(constants.M_KV_USAGE, "Fraction of the engine's KV blocks in use")
 KV_FREE = Gauge(constants.M_KV_FREE, "Free KV blocks the engine reports")
 KV_RESERVED = Gauge(constants.M_KV_RESERVED, "KV blocks reserved for the growth of running jobs")

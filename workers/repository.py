@@ -1,18 +1,24 @@
-"""The worker side's one home for SQL: claim a job, write its terminal state."""
+"""The worker side's one home for SQL: claim jobs (or drop them), write their terminal
+states, and re-read the states of the jobs running here."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, insert, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import func, insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from schemas.envelopes import JobEvent
 from schemas.jobs import JobKind
 from schemas.states import CLAIMABLE_STATES, JobState
 from schemas.tables import jobs, outbox
+from workers.gate import Candidate, Drop
+
+Judge = Callable[[Candidate], Drop | None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +34,39 @@ class Claimed:
     created_at: datetime
     attempt: int
     callback_url: str | None
+    prompt_tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stopped:
+    """A job running here whose row says it must stop (or already stopped)."""
+
+    job_id: str
+    state: JobState
+    reason: str
+
+
+_CLAIM_COLUMNS = (
+    jobs.c.id,
+    jobs.c.tenant,
+    jobs.c.kind,
+    jobs.c.state,
+    jobs.c.input,
+    jobs.c.max_tokens,
+    jobs.c.deadline,
+    jobs.c.created_at,
+    jobs.c.attempt,
+    jobs.c.callback_url,
+    jobs.c.abandon_after_s,
+    jobs.c.last_seen_at,
+    jobs.c.error,
+)
+
+
+def _reason(error: Mapping[Any, Any] | None, state: str) -> str:
+    if not error:
+        return state
+    return str(error.get("reason") or error.get("code") or state)
 
 
 class WorkerRepository:
@@ -84,6 +123,177 @@ class WorkerRepository:
             callback_url=row["callback_url"],
         )
 
+    async def claim_batch(
+        self, job_ids: list[str], judge: Judge, count_tokens: Callable[[str], int]
+    ) -> dict[str, Claimed | Drop | None]:
+        """Judge and claim the jobs of a batch of records in one transaction.
+
+        Their rows are read in one query and stay locked while ``judge`` (the pre-decode
+        gate) decides, so a cancel that arrives meanwhile waits for this transaction and
+        then finds the job either running (it is aborted) or dropped (the cancel is a
+        conflict): one terminal state either way. A job judged fit is claimed (``running``,
+        a new attempt); a dropped one gets its terminal state and event here, unless it
+        already had one. Unknown ids map to None.
+        """
+        now = datetime.now(UTC)
+        out: dict[str, Claimed | Drop | None] = dict.fromkeys(job_ids)
+        async with self._engine.begin() as conn:
+            rows = (
+                (
+                    await conn.execute(
+                        select(*_CLAIM_COLUMNS, func.now().label("db_now"))
+                        .where(jobs.c.id.in_(job_ids))
+                        .order_by(jobs.c.id)
+                        .with_for_update()
+                    )
+                )
+                .mappings()
+                .all()
+            )
+            fit: dict[str, tuple[Mapping[Any, Any], int]] = {}
+            drops: dict[str, tuple[Mapping[Any, Any], Drop]] = {}
+            for row in rows:
+                job_id = str(row["id"])
+                prompt_tokens = count_tokens(row["input"])
+                drop = judge(_candidate(row, prompt_tokens))
+                if drop is None:
+                    fit[job_id] = (row, prompt_tokens)
+                else:
+                    out[job_id] = drop
+                    if drop.write:
+                        drops[job_id] = (row, drop)
+            if fit:
+                claimed = await self._claim(conn, list(fit), now)
+                for job_id, attempt in claimed.items():
+                    out[job_id] = _claimed(*fit[job_id], attempt)
+            if drops:
+                await self._drop(conn, drops, now)
+        return out
+
+    async def _claim(
+        self, conn: AsyncConnection, job_ids: list[str], now: datetime
+    ) -> dict[str, int]:
+        result = await conn.execute(
+            update(jobs)
+            .where(
+                jobs.c.id.in_(job_ids),
+                jobs.c.state.in_([s.value for s in CLAIMABLE_STATES]),
+            )
+            .values(
+                state=JobState.RUNNING.value,
+                attempt=jobs.c.attempt + 1,
+                started_at=now,
+                updated_at=now,
+                dispatched_at=func.coalesce(jobs.c.dispatched_at, now),
+            )
+            .returning(jobs.c.id, jobs.c.attempt)
+        )
+        return {str(r.id): r.attempt for r in result}
+
+    async def _drop(
+        self,
+        conn: AsyncConnection,
+        drops: dict[str, tuple[Mapping[Any, Any], Drop]],
+        now: datetime,
+    ) -> None:
+        groups: dict[Drop, list[str]] = defaultdict(list)
+        for job_id, (_, drop) in drops.items():
+            groups[drop].append(job_id)
+        events = []
+        for drop, ids in groups.items():
+            result = await conn.execute(
+                update(jobs)
+                .where(jobs.c.id.in_(ids), jobs.c.state.in_([s.value for s in CLAIMABLE_STATES]))
+                .values(
+                    state=drop.state.value,
+                    error=drop.error("before_decode"),
+                    decoded_tokens=0,
+                    finished_at=now,
+                    updated_at=now,
+                )
+                .returning(jobs.c.id)
+            )
+            for r in result:
+                row = drops[str(r.id)][0]
+                events.append(
+                    _event(
+                        self._events_topic,
+                        row,
+                        drop.state,
+                        row["attempt"],
+                        now,
+                        drop.error("before_decode"),
+                    )
+                )
+        if events:
+            await conn.execute(insert(outbox), events)
+
+    async def stopped(self, running: Mapping[str, int]) -> list[Stopped]:
+        """Of the jobs running here (id -> attempt), those that must stop.
+
+        Abandons, in the same statement that finds them, the jobs whose heartbeat lease
+        lapsed; then reads which jobs are no longer running under our attempt (a cancel
+        whose notice was missed, a takeover). One transaction, two statements.
+        """
+        if not running:
+            return []
+        now = datetime.now(UTC)
+        ids = list(running)
+        error = Drop(state=JobState.ABANDONED, reason="heartbeat_lapsed").error("decode")
+        async with self._engine.begin() as conn:
+            lapsed = (
+                (
+                    await conn.execute(
+                        update(jobs)
+                        .where(
+                            jobs.c.id.in_(ids),
+                            jobs.c.state == JobState.RUNNING.value,
+                            jobs.c.abandon_after_s.is_not(None),
+                            jobs.c.last_seen_at
+                            < func.now() - jobs.c.abandon_after_s * text("interval '1 second'"),
+                        )
+                        .values(
+                            state=JobState.ABANDONED.value,
+                            error=error,
+                            finished_at=now,
+                            updated_at=now,
+                        )
+                        .returning(*_CLAIM_COLUMNS)
+                    )
+                )
+                .mappings()
+                .all()
+            )
+            if lapsed:
+                await conn.execute(
+                    insert(outbox),
+                    [
+                        _event(self._events_topic, r, JobState.ABANDONED, r["attempt"], now, error)
+                        for r in lapsed
+                    ],
+                )
+            rows = (
+                await conn.execute(
+                    select(jobs.c.id, jobs.c.state, jobs.c.attempt, jobs.c.error).where(
+                        jobs.c.id.in_(ids)
+                    )
+                )
+            ).all()
+        return [
+            Stopped(job_id=str(r.id), state=JobState(r.state), reason=_reason(r.error, r.state))
+            for r in rows
+            if r.state != JobState.RUNNING.value or r.attempt != running[str(r.id)]
+        ]
+
+    async def record_decoded(self, job: Claimed, tokens: int) -> None:
+        """The tokens an attempt decoded before it was stopped by someone else's write."""
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job.id, jobs.c.attempt == job.attempt)
+                .values(decoded_tokens=tokens)
+            )
+
     async def finish(
         self,
         job: Claimed,
@@ -91,6 +301,7 @@ class WorkerRepository:
         *,
         result: dict[str, Any] | None = None,
         error: dict[str, Any] | None = None,
+        decoded_tokens: int | None = None,
     ) -> bool:
         """Write the terminal state if this attempt still owns the job (fencing).
 
@@ -113,6 +324,7 @@ class WorkerRepository:
                         state=state.value,
                         result=result,
                         error=error,
+                        decoded_tokens=decoded_tokens,
                         finished_at=now,
                         updated_at=now,
                     )
@@ -135,3 +347,53 @@ class WorkerRepository:
                 )
             )
         return True
+
+
+def _candidate(row: Mapping[Any, Any], prompt_tokens: int) -> Candidate:
+    return Candidate(
+        job_id=str(row["id"]),
+        state=JobState(row["state"]),
+        kind=JobKind(row["kind"]),
+        prompt_tokens=prompt_tokens,
+        max_tokens=row["max_tokens"],
+        deadline=row["deadline"],
+        abandon_after_s=row["abandon_after_s"],
+        last_seen_at=row["last_seen_at"],
+        db_now=row["db_now"],
+        reason=_reason(row["error"], row["state"]),
+    )
+
+
+def _claimed(row: Mapping[Any, Any], prompt_tokens: int, attempt: int) -> Claimed:
+    return Claimed(
+        id=str(row["id"]),
+        tenant=row["tenant"],
+        kind=JobKind(row["kind"]),
+        input=row["input"],
+        max_tokens=row["max_tokens"],
+        deadline=row["deadline"],
+        created_at=row["created_at"],
+        attempt=attempt,
+        callback_url=row["callback_url"],
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def _event(
+    topic: str,
+    row: Mapping[Any, Any],
+    state: JobState,
+    attempt: int,
+    at: datetime,
+    error: Mapping[str, str],
+) -> dict[str, Any]:
+    event = JobEvent(
+        job_id=str(row["id"]),
+        tenant=row["tenant"],
+        state=state,
+        attempt=attempt,
+        at=at,
+        callback_url=row["callback_url"],
+        error_code=error.get("code"),
+    )
+    return {"topic": topic, "key": event.job_id, "payload": event.to_bytes()}

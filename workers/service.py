@@ -15,13 +15,15 @@ from sluicegate.db import make_engine
 from sluicegate.kafka import close_client, make_consumer
 from sluicegate.settings import Settings
 from workers.consumer import Worker
+from workers.control import Control
 from workers.engines.base import InferenceEngine
 from workers.engines.sim import SimEngine
 from workers.execution import Executor
-from workers.gate import PullGate
+from workers.gate import PreDecodeGate, PullGate
 from workers.kv import ExpectedOutput
 from workers.metrics import watch
 from workers.repository import WorkerRepository
+from workers.speed import SpeedMeter
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,14 @@ def build_gate(settings: Settings, engine: InferenceEngine) -> PullGate:
     )
 
 
+def build_predecode(settings: Settings, gate: PullGate) -> PreDecodeGate:
+    return PreDecodeGate(
+        speed=SpeedMeter(window=settings.speed_window, min_samples=settings.speed_min_samples),
+        expected=gate.expected,
+        drop_unreachable=settings.drop_unreachable,
+    )
+
+
 async def start_consumer(settings: Settings, stop: asyncio.Event) -> AIOKafkaConsumer | None:
     backoff = 0.2
     while not stop.is_set():
@@ -114,12 +124,23 @@ async def run_worker(
         consumer = await start_consumer(settings, stop)
         if consumer is None:
             return
+        repo = WorkerRepository(db, events_topic=settings.events_topic)
+        control = Control(
+            engine=inference,
+            repo=repo,
+            database_url=settings.database_url,
+            sweep_s=settings.control_sweep_s,
+        )
+        control_stop = asyncio.Event()
+        control_task = asyncio.create_task(control.run(control_stop), name="control")
         try:
+            gate = build_gate(settings, inference)
             executor = Executor(
                 engine=inference,
-                repo=WorkerRepository(db, events_topic=settings.events_topic),
+                repo=repo,
+                control=control,
+                predecode=build_predecode(settings, gate),
             )
-            gate = build_gate(settings, inference)
             watch(inference, gate)
             worker = Worker(
                 consumer=consumer,
@@ -128,11 +149,14 @@ async def run_worker(
                 topic=settings.dispatch_topic,
                 bootstrap=settings.require_kafka(),
                 drain_timeout_s=settings.drain_timeout_s,
+                claim_batch=settings.claim_batch,
             )
             if on_worker is not None:
                 on_worker(worker)
             await worker.run(stop)
         finally:
+            control_stop.set()  # after the drain: jobs still decoding can be stopped
+            await control_task
             await close_client(consumer)
     finally:
         await inference.close()

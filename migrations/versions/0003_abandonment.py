@@ -24,6 +24,7 @@ BEGIN
         PERFORM pg_notify(
             'sluicegate_jobs',
             NEW.id::text || ' ' || NEW.state || ' ' || extract(epoch FROM clock_timestamp())
+            || ' ' || coalesce(NEW.error ->> 'reason', NEW.error ->> 'code', NEW.state)
         );
     END IF;
     RETURN NULL;
