@@ -64,7 +64,7 @@ class Worker:
     ) -> None:
         self.consumer = consumer
         self.gate = gate
-        self._executor = executor
+        self.executor = executor
         self._topic = topic
         self._bootstrap = bootstrap
         self._cluster: str | None = None
@@ -167,7 +167,7 @@ class Worker:
             if len(self._batch) < self._claim_batch and self.gate.room():
                 self.held = await self._take(timeout_ms=0)
         ids = [h.envelope.job_id for h, _ in self._batch]
-        outcomes = await self._executor.claim(ids, stop)
+        outcomes = await self.executor.claim(ids, stop)
         batch, self._batch = self._batch, []
         if outcomes is None:  # stopped while the database was down: redelivered later
             for held, _ in batch:
@@ -191,7 +191,7 @@ class Worker:
             await self.commit()
 
     def _launch(self, held: Held, job: Claimed, progress: Progress) -> None:
-        task = asyncio.create_task(self._executor.run(job, progress), name=f"job-{job.id}")
+        task = asyncio.create_task(self.executor.run(job, progress), name=f"job-{job.id}")
         self._tasks[task] = held.tp
         self._jobs[task] = job.id
         JOBS_RUNNING.set(self.running)

@@ -67,7 +67,7 @@ class Executor:
     ) -> None:
         self._engine = engine
         self._repo = repo
-        self._control = control
+        self.control = control
         self._predecode = predecode
 
     async def claim(
@@ -90,7 +90,7 @@ class Executor:
     async def run(self, job: Claimed, progress: Progress) -> None:
         """Decode a claimed job to a terminal state, or leave it for redelivery if the
         task is cancelled first (a revoke or a stop past the drain timeout)."""
-        running = self._control.track(job, f"{job.id}:{job.attempt}")
+        running = self.control.track(job, f"{job.id}:{job.attempt}")
         try:
             decoded = await self._decode(running, progress)
             if running.reason is not None:
@@ -103,7 +103,7 @@ class Executor:
             else:
                 await self._succeeded(job, decoded, progress)
         finally:
-            self._control.untrack(running)
+            self.control.untrack(running)
 
     async def _decode(self, running: Running, progress: Progress) -> Decoded:
         job = running.job

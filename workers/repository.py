@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import cast, func, insert, literal, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from schemas.envelopes import JobEvent
@@ -286,12 +287,19 @@ class WorkerRepository:
         ]
 
     async def record_decoded(self, job: Claimed, tokens: int) -> None:
-        """The tokens an attempt decoded before it was stopped by someone else's write."""
+        """The tokens an attempt decoded before it was stopped by someone else's write
+        (a cancel or a disconnect): marks the stop as made mid-decode."""
+        stage = cast(literal({"stage": "decode"}, JSONB), JSONB)
         async with self._engine.begin() as conn:
             await conn.execute(
                 update(jobs)
                 .where(jobs.c.id == job.id, jobs.c.attempt == job.attempt)
-                .values(decoded_tokens=tokens)
+                .values(
+                    decoded_tokens=tokens,
+                    error=func.coalesce(jobs.c.error, cast(literal({}, JSONB), JSONB)).op("||")(
+                        stage
+                    ),
+                )
             )
 
     async def finish(

@@ -1,0 +1,102 @@
+"""Helpers for the drop and abort tests: an engine that records what reached it, and direct
+reads of job rows (a GET through the API would renew a heartbeat lease)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+
+from schemas.states import JobState
+from sluicegate.db import libpq_url
+from sluicegate.settings import Settings
+from workers.engines.base import Capacity, GenerationRequest
+from workers.engines.sim import SimEngine
+
+# 600 sentences: about 10k prompt tokens, and a summary that runs to ~2,000 output tokens.
+LONG_DOC = " ".join(
+    f"Sentence number {i} talks about topic {i % 7} and gives detail {i * 3}." for i in range(600)
+)
+SHORT_DOC = "A short note about queues. It says that bounded queues keep latency bounded."
+
+
+class SpyEngine:
+    """A simulator that records every request handed to it and every token it gave out."""
+
+    name = "sim"
+
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+        self.received: list[str] = []  # job ids, in the order the engine saw them
+        self.tokens: Counter[str] = Counter()
+        self.aborted: dict[str, int] = {}  # job id -> engine tokens_decoded when aborted
+        self.first_token = defaultdict(asyncio.Event)
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+    def count_tokens(self, text: str) -> int:
+        return self.engine.count_tokens(text)
+
+    def capacity(self) -> Capacity:
+        return self.engine.capacity()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        job_id = request.request_id.split(":")[0]
+        self.received.append(job_id)
+        async for piece in self.engine.generate(request):
+            self.tokens[job_id] += 1
+            self.first_token[job_id].set()
+            yield piece
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.setdefault(request_id.split(":")[0], self.engine.tokens_decoded)
+        await self.engine.abort(request_id)
+
+
+async def job_row(settings: Settings, job_id: str) -> dict[str, Any]:
+    conn = await asyncpg.connect(libpq_url(settings.require_database_url()))
+    try:
+        row = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+    finally:
+        await conn.close()
+    assert row is not None
+    out = dict(row)
+    if isinstance(out["error"], str):
+        out["error"] = json.loads(out["error"])
+    return out
+
+
+async def wait_row(
+    settings: Settings, job_id: str, *, decoded: bool = False, timeout_s: float = 30
+) -> dict[str, Any]:
+    """The job's row once it is terminal (and, if asked, its decoded tokens are written)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            row = await job_row(settings, job_id)
+            if JobState(row["state"]).terminal and (
+                not decoded or row["decoded_tokens"] is not None
+            ):
+                return row
+            await asyncio.sleep(0.05)
+
+
+async def terminal_events(settings: Settings, job_id: str) -> list[str]:
+    """The terminal states the job's outbox events announce (one, if all is well)."""
+    conn = await asyncpg.connect(libpq_url(settings.require_database_url()))
+    try:
+        rows = await conn.fetch(
+            "SELECT payload FROM outbox WHERE topic = $1 AND key = $2 ORDER BY id",
+            settings.events_topic,
+            job_id,
+        )
+    finally:
+        await conn.close()
+    return [json.loads(r["payload"])["state"] for r in rows]
