@@ -1,8 +1,9 @@
 """The simulator engine, the CPU stand-in for a vLLM engine: continuous batching over a paged
 KV block allocator sized from a model and a GPU profile, stepped in simulated roofline time.
 
-One step loop drives the scheduler; each step sleeps its roofline time (times
-``time_scale``) and then hands every request that decoded in it one output piece. Requests
+One step loop drives the scheduler; each step lasts its roofline time (times
+``time_scale``) by the wall clock and then hands every request that decoded in it one output
+piece. Requests
 queue inside the engine when blocks run short, exactly as in vLLM: it is the worker's job to
 start only what the KV cache can hold (``capacity()`` reports the blocks).
 """
@@ -150,14 +151,21 @@ class SimEngine:
                 await self.abort(request.request_id)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        # When the current step ends, by the wall clock. Steps are timed from one end to the
+        # next, so the simulator's own bookkeeping (and whatever else the process runs) is
+        # inside a step's time, not added to it, as long as the CPU keeps up.
+        ends = loop.time()
         while True:
             if not self._scheduler.running and not self._scheduler.waiting:
                 self._work.clear()
                 await self._work.wait()
+                ends = loop.time()
             step = self._scheduler.step()
             if step.idle:
                 self._work.clear()
                 await self._work.wait()  # nothing could run: wait for an add or an abort
+                ends = loop.time()
                 continue
             seconds = self._roofline.step_s(
                 prefill_tokens=step.prefill_tokens,
@@ -165,7 +173,9 @@ class SimEngine:
                 kv_tokens=step.kv_tokens,
             )
             self.simulated_s += seconds
-            await asyncio.sleep(seconds * self._time_scale)
+            lasts = seconds * self._time_scale
+            ends = max(ends + lasts, loop.time() - lasts)  # a debt of one step at most
+            await asyncio.sleep(max(0.0, ends - loop.time()))
             for request_id in step.emitted:
                 stream = self._streams.get(request_id)
                 if stream is not None:
