@@ -100,6 +100,7 @@ class AdmissionController:
         self._monitor = monitor
         self._limits = limits
         self._blocked = 0
+        self._running = 0
         self._throttled = False
         # Admissions so far, and those whose job is committed. A lag reading includes the
         # jobs committed before it began (its mark) and none admitted after; the rest are
@@ -181,12 +182,17 @@ class AdmissionController:
         unseen = self._admitted - self._monitor.mark
         return replace(lag, lag=lag.lag + unseen) if unseen > 0 else lag
 
+    def running_jobs(self, count: int) -> None:
+        """How many jobs workers are running now. Their records count in the lag (offsets
+        commit when a job ends), but a new job does not wait behind them in the queue."""
+        self._running = count
+
     def _check_deadline(
         self, lag: LagSnapshot, max_tokens: int, deadline: datetime, now: datetime
     ) -> None:
         if not self._policy.deadline_aware:
             return
-        wait_s = lag.drain_time_s(lag.lag)
+        wait_s = lag.drain_time_s(max(0, lag.lag - self._running))
         if wait_s is None:
             return  # no drain measured yet: no prediction to refuse on
         service_s = max_tokens * self._policy.token_time_s

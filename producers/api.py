@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import FastAPI, Header, Request, Response
+from fastapi import FastAPI, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -24,18 +24,31 @@ from producers.metrics import SUBMITTED
 from producers.ratelimit import TenantLimits
 from producers.repository import JobRepository
 from producers.submission import new_job
+from producers.waiting import Waiters, wait_for_terminal, wait_limit
 from schemas import constants
 from schemas.api import ErrorResponse, JobView, SubmitJob, SubmitResponse
 from schemas.errors import InvalidRequest, JobNotFound
-from schemas.jobs import estimate_tokens
+from schemas.jobs import Job, estimate_tokens
 from sluicegate.db import make_engine
+from sluicegate.notify import Listener
 from sluicegate.settings import Settings
+
+# A ?wait= that ran out before the job ended: poll again (or wait again) in this long.
+WAIT_RETRY_AFTER_S = 1
 
 _TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _ERRORS: dict[int | str, dict[str, object]] = {
     status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 422, 429, 503)
 }
 
+WaitQuery = Annotated[
+    float | None,
+    Query(
+        gt=0,
+        description="Hold the request up to this many seconds (at most max_wait_s) for the job "
+        "to end. POST: 200 with the job if it ended, else 202 with the job and Retry-After.",
+    ),
+]
 TenantHeader = Annotated[
     str | None, Header(alias=constants.HEADER_TENANT, description="Tenant (default: default)")
 ]
@@ -86,11 +99,22 @@ def create_app(
             TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm),
         )
         app.state.monitor = monitor
+        waiters = Waiters(limit=settings.api_max_connections)
+        app.state.waiters = waiters
+        listener = Listener(
+            db.url.render_as_string(hide_password=False),
+            constants.JOBS_CHANNEL,
+            on_notice=waiters.on_notice,
+            on_connect=waiters.on_connect,
+        )
         await monitor.refresh()  # serve with a reading, not with "unknown"
         stop = asyncio.Event()
         tasks = [
             asyncio.create_task(monitor.run(stop), name="lag-monitor"),
-            asyncio.create_task(report_flow(repo, monitor, stop), name="flow"),
+            asyncio.create_task(
+                report_flow(repo, monitor, stop, app.state.admission.running_jobs), name="flow"
+            ),
+            asyncio.create_task(listener.run(stop), name="jobs-listener"),
         ]
         try:
             yield
@@ -110,11 +134,22 @@ def create_app(
         repository: JobRepository = request.app.state.repo
         return repository
 
+    async def wait_for(request: Request, tenant: str, job_id: str, wait_s: float) -> Job:
+        waited = await wait_for_terminal(
+            repo(request),
+            request.app.state.waiters,
+            tenant=tenant,
+            job_id=job_id,
+            wait_s=wait_s,
+            receive=request.receive,
+        )
+        return waited.job
+
     @app.post(
         "/v1/jobs",
         status_code=202,
-        response_model=SubmitResponse,
-        responses={200: {"model": SubmitResponse}, **_ERRORS},
+        response_model=SubmitResponse | JobView,
+        responses={200: {"model": SubmitResponse | JobView}, **_ERRORS},
     )
     async def submit(
         body: SubmitJob,
@@ -123,7 +158,9 @@ def create_app(
         idempotency_key: Annotated[
             str | None, Header(alias=constants.HEADER_IDEMPOTENCY_KEY, max_length=255)
         ] = None,
+        wait: WaitQuery = None,
     ) -> JSONResponse:
+        wait = wait_limit(wait, settings.max_wait_s)  # refused before anything is stored
         now = datetime.now(UTC)
         new = new_job(
             body, tenant=_tenant(tenant), header_key=idempotency_key, now=now, settings=settings
@@ -148,6 +185,18 @@ def create_app(
             admission.withdrawn()
         if created:
             SUBMITTED.labels(kind=job.kind.value, priority=job.priority.value).inc()
+        headers = {"Location": _status_url(job.id)}
+        if not created:
+            headers[constants.HEADER_IDEMPOTENT_REPLAY] = "true"
+        if wait is not None:
+            job = await wait_for(request, job.tenant, job.id, wait)
+            if not job.state.terminal:
+                headers["Retry-After"] = str(WAIT_RETRY_AFTER_S)
+            return JSONResponse(
+                JobView.of(job, _status_url(job.id)).model_dump(mode="json"),
+                status_code=200 if job.state.terminal else 202,
+                headers=headers,
+            )
         answer = SubmitResponse(
             id=job.id,
             state=job.state,
@@ -155,16 +204,30 @@ def create_app(
             created_at=job.created_at,
             status_url=_status_url(job.id),
         )
-        headers = {"Location": answer.status_url}
-        if not created:
-            headers[constants.HEADER_IDEMPOTENT_REPLAY] = "true"
         return JSONResponse(
             answer.model_dump(mode="json"), status_code=202 if created else 200, headers=headers
         )
 
     @app.get("/v1/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
-    async def get_job(job_id: str, request: Request, tenant: TenantHeader = None) -> JobView:
-        job = await repo(request).get(_tenant(tenant), _job_id(job_id))
+    async def get_job(
+        job_id: str,
+        request: Request,
+        tenant: TenantHeader = None,
+        wait: WaitQuery = None,
+    ) -> JobView:
+        """The job; a GET renews its heartbeat lease (``abandon_after_s``)."""
+        owner, job_id = _tenant(tenant), _job_id(job_id)
+        wait = wait_limit(wait, settings.max_wait_s)
+        if wait is None:
+            job = await repo(request).poll(owner, job_id)
+        else:
+            job = await wait_for(request, owner, job_id, wait)
+        return JobView.of(job, _status_url(job.id))
+
+    @app.post("/v1/jobs/{job_id}/heartbeat", response_model=JobView, responses=_ERRORS)
+    async def heartbeat(job_id: str, request: Request, tenant: TenantHeader = None) -> JobView:
+        """Renew the job's heartbeat lease; 409 once the job has ended."""
+        job = await repo(request).touch(_tenant(tenant), _job_id(job_id))
         return JobView.of(job, _status_url(job.id))
 
     @app.delete("/v1/jobs/{job_id}", response_model=JobView, responses=_ERRORS)

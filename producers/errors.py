@@ -51,6 +51,9 @@ def _validation_code(errors: list[dict[str, Any]]) -> tuple[int, str]:
         if err.get("type") == "json_invalid":
             return 400, "invalid_json"
     for err in errors:
+        if list(err.get("loc", ()))[:2] == ["query", "wait"]:
+            return 422, "invalid_wait"
+    for err in errors:
         loc = [p for p in err.get("loc", ()) if p != "body"]
         if loc and (str(loc[0]), err.get("type")) in _FIELD_CODES:
             return 422, _FIELD_CODES[(str(loc[0]), str(err.get("type")))]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from sqlalchemy.exc import DBAPIError
 
@@ -17,7 +18,14 @@ log = logging.getLogger(__name__)
 FLOW_INTERVAL_S = 2.0
 
 
-async def report_flow(repo: JobRepository, monitor: LagMonitor, stop: asyncio.Event) -> None:
+async def report_flow(
+    repo: JobRepository,
+    monitor: LagMonitor,
+    stop: asyncio.Event,
+    on_running: Callable[[int], None] | None = None,
+) -> None:
+    """Every FLOW_INTERVAL_S: in-flight jobs and W as metrics, and the number of jobs
+    running on workers to ``on_running`` (the admission controller's queue estimate)."""
     while not stop.is_set():
         try:
             flow = await repo.flow()
@@ -25,6 +33,8 @@ async def report_flow(repo: JobRepository, monitor: LagMonitor, stop: asyncio.Ev
             log.warning("flow metrics unavailable: %r", exc)
         else:
             IN_FLIGHT.set(flow.in_flight)
+            if on_running is not None:
+                on_running(flow.running)
             if flow.mean_latency_s is not None:
                 LATENCY_W.set(flow.mean_latency_s)
                 LITTLE_L.set((monitor.snapshot().arrival_rate or 0.0) * flow.mean_latency_s)

@@ -12,18 +12,23 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
+from schemas import reasons
 from schemas.envelopes import DispatchEnvelope, JobEvent
 from schemas.errors import IdempotencyConflict, JobAlreadyTerminal, JobNotFound
 from schemas.jobs import Job, NewJob, estimate_tokens, job_from_row
-from schemas.states import CANCELLABLE_STATES, TERMINAL_STATES, JobState
+from schemas.states import CANCELLABLE_STATES, TERMINAL_STATES, JobState, sources_of
 from schemas.tables import jobs, outbox, partition_ends
 
 FLOW_WINDOW_S = 60.0
+
+_TERMINAL = [s.value for s in TERMINAL_STATES]
+_ABANDONABLE = [s.value for s in sources_of(JobState.ABANDONED)]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Flow:
     in_flight: int
+    running: int  # started on a worker, not yet terminal
     finished_recently: int
     mean_latency_s: float | None
 
@@ -129,6 +134,86 @@ class JobRepository:
             raise JobNotFound(f"no job {job_id}")
         return job_from_row(row)
 
+    async def poll(self, tenant: str, job_id: str) -> Job:
+        """Read the job; a poll is its caller's heartbeat, so renew its lease if it has one.
+
+        One statement whatever the job: the lease is renewed (``last_seen_at``, by the
+        database's clock) only on a job that is not terminal and has ``abandon_after_s``.
+        """
+        touched = (
+            update(jobs)
+            .where(
+                _owned(tenant, job_id),
+                jobs.c.abandon_after_s.is_not(None),
+                jobs.c.state.not_in(_TERMINAL),
+            )
+            .values(last_seen_at=func.now())
+            .returning(*jobs.c)
+            .cte("touched")
+        )
+        untouched = select(jobs).where(_owned(tenant, job_id), ~select(touched.c.id).exists())
+        async with self._engine.begin() as conn:
+            row = (await conn.execute(select(touched).union_all(untouched))).mappings().first()
+        if row is None:
+            raise JobNotFound(f"no job {job_id}")
+        return job_from_row(row)
+
+    async def touch(self, tenant: str, job_id: str) -> Job:
+        """An explicit heartbeat: renew the lease of a job that is not terminal yet."""
+        job = await self.poll(tenant, job_id)
+        if job.state.terminal:
+            raise JobAlreadyTerminal(f"job {job_id} is already {job.state}")
+        return job
+
+    async def abandon(self, tenant: str, job_id: str, reason: str) -> bool:
+        """Move the job to ``abandoned`` unless it is terminal already, with its event.
+
+        Returns whether this call wrote it (False: the job had already ended).
+        """
+        now = datetime.now(UTC)
+        error = {
+            "code": JobState.ABANDONED.value,
+            "reason": reason,
+            "message": reasons.message(reason),
+        }
+        async with self._engine.begin() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        update(jobs)
+                        .where(_owned(tenant, job_id), jobs.c.state.in_(_ABANDONABLE))
+                        .values(
+                            state=JobState.ABANDONED.value,
+                            finished_at=now,
+                            updated_at=now,
+                            error=error,
+                        )
+                        .returning(*jobs.c)
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if row is None:
+                return False
+            await self._event(conn, job_from_row(row), now, JobState.ABANDONED.value)
+        return True
+
+    async def _event(self, conn: AsyncConnection, job: Job, at: datetime, code: str) -> None:
+        """The job's state change, to the events topic through the outbox."""
+        event = JobEvent(
+            job_id=job.id,
+            tenant=job.tenant,
+            state=job.state,
+            attempt=job.attempt,
+            at=at,
+            callback_url=job.callback_url,
+            error_code=code,
+        )
+        await conn.execute(
+            insert(outbox).values(topic=self._events_topic, key=job.id, payload=event.to_bytes())
+        )
+
     async def cancel(self, tenant: str, job_id: str) -> Job:
         """Move a non-terminal job to ``cancelled``; a terminal one is a conflict."""
         now = datetime.now(UTC)
@@ -145,7 +230,11 @@ class JobRepository:
                             state=JobState.CANCELLED.value,
                             finished_at=now,
                             updated_at=now,
-                            error={"code": "cancelled", "message": "cancelled by the caller"},
+                            error={
+                                "code": reasons.CANCELLED,
+                                "reason": reasons.CANCELLED,
+                                "message": reasons.message(reasons.CANCELLED),
+                            },
                         )
                         .returning(*jobs.c)
                     )
@@ -161,32 +250,22 @@ class JobRepository:
                     raise JobNotFound(f"no job {job_id}")
                 raise JobAlreadyTerminal(f"job {job_id} is already {current}")
             job = job_from_row(row)
-            event = JobEvent(
-                job_id=job.id,
-                tenant=job.tenant,
-                state=job.state,
-                attempt=job.attempt,
-                at=now,
-                callback_url=job.callback_url,
-                error_code="cancelled",
-            )
-            await conn.execute(
-                insert(outbox).values(
-                    topic=self._events_topic, key=job.id, payload=event.to_bytes()
-                )
-            )
+            await self._event(conn, job, now, "cancelled")
         return job
 
     async def flow(self) -> Flow:
         """In-flight jobs (L) and the mean submit-to-terminal time (W) of recent ones."""
         async with self._engine.connect() as conn:
-            in_flight = (
+            in_flight, running = (
                 await conn.execute(
-                    select(func.count())
+                    select(
+                        func.count(),
+                        func.count().filter(jobs.c.state == JobState.RUNNING.value),
+                    )
                     .select_from(jobs)
-                    .where(jobs.c.state.not_in([s.value for s in TERMINAL_STATES]))
+                    .where(jobs.c.state.not_in(_TERMINAL))
                 )
-            ).scalar_one()
+            ).one()
             recent = (
                 await conn.execute(
                     select(
@@ -197,6 +276,7 @@ class JobRepository:
             ).one()
         return Flow(
             in_flight=int(in_flight),
+            running=int(running),
             finished_recently=int(recent[0]),
             mean_latency_s=float(recent[1]) if recent[1] is not None else None,
         )
@@ -220,7 +300,7 @@ class JobRepository:
                             jobs.c.max_tokens,
                             jobs.c.deadline,
                             jobs.c.input,
-                        ).where(jobs.c.state.not_in([s.value for s in TERMINAL_STATES]))
+                        ).where(jobs.c.state.not_in(_TERMINAL))
                     )
                 )
                 .mappings()

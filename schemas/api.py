@@ -28,10 +28,13 @@ class SubmitJob(BaseModel):
         default=False,
         description="Abandon the job if the caller's waiting connection (?wait=) closes first",
     )
-    abandon_after_s: Annotated[
-        StrictFloat | StrictInt,
-        Field(gt=0, description="Abandon the job when it is not polled for this long"),
-    ] | None = None
+    abandon_after_s: (
+        Annotated[
+            StrictFloat | StrictInt,
+            Field(ge=1, description="Abandon the job when it is not polled for this long"),
+        ]
+        | None
+    ) = None
 
 
 class ErrorBody(BaseModel):

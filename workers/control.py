@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from schemas import constants
+from schemas import constants, reasons
 from schemas.states import JobState
 from sluicegate.aio import wait_first
 from sluicegate.notify import JobNotice, Listener
@@ -68,7 +68,7 @@ class Control:
         running = Running(job=job, request_id=request_id)
         delay = (job.deadline - datetime.now(UTC)).total_seconds()
         running.timer = asyncio.get_running_loop().call_later(
-            max(delay, 0.0), self.stop, running, None, "deadline_passed", None
+            max(delay, 0.0), self.stop, running, None, reasons.DEADLINE_PASSED, None
         )
         self._running[job.id] = running
         return running

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from schemas import reasons
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import JobKind
 from schemas.states import JobState
@@ -157,17 +158,8 @@ class Drop:
             "code": code,
             "reason": self.reason,
             "stage": stage,
-            "message": _MESSAGES.get(self.reason, self.reason),
+            "message": reasons.message(self.reason),
         }
-
-
-_MESSAGES = {
-    "deadline_passed": "the deadline passed before the job finished",
-    "deadline_unreachable": "the job could not finish by its deadline at the engine's speed",
-    "heartbeat_lapsed": "the caller stopped polling for longer than abandon_after_s",
-    "cancelled": "cancelled by the caller",
-    "disconnected": "the caller's waiting connection closed",
-}
 
 
 class PreDecodeGate:
@@ -183,16 +175,16 @@ class PreDecodeGate:
         if job.state.terminal:
             return Drop(state=job.state, reason=job.reason or job.state.value, write=False)
         if job.deadline <= now:
-            return Drop(state=JobState.EXPIRED, reason="deadline_passed")
+            return Drop(state=JobState.EXPIRED, reason=reasons.DEADLINE_PASSED)
         if lease_lapsed(job.abandon_after_s, job.last_seen_at, job.db_now):
-            return Drop(state=JobState.ABANDONED, reason="heartbeat_lapsed")
+            return Drop(state=JobState.ABANDONED, reason=reasons.HEARTBEAT_LAPSED)
         if self.drop_unreachable:
             service_s = self.speed.service_s(
                 prompt_tokens=job.prompt_tokens,
                 output_tokens=self._expected.tokens(job.kind, job.max_tokens),
             )
             if service_s is not None and now + timedelta(seconds=service_s) > job.deadline:
-                return Drop(state=JobState.EXPIRED, reason="deadline_unreachable")
+                return Drop(state=JobState.EXPIRED, reason=reasons.DEADLINE_UNREACHABLE)
         return None
 
 

@@ -13,6 +13,7 @@ from sqlalchemy import cast, func, insert, literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from schemas import reasons
 from schemas.envelopes import JobEvent
 from schemas.jobs import JobKind
 from schemas.states import CLAIMABLE_STATES, JobState
@@ -240,7 +241,7 @@ class WorkerRepository:
             return []
         now = datetime.now(UTC)
         ids = list(running)
-        error = Drop(state=JobState.ABANDONED, reason="heartbeat_lapsed").error("decode")
+        error = Drop(state=JobState.ABANDONED, reason=reasons.HEARTBEAT_LAPSED).error("decode")
         async with self._engine.begin() as conn:
             lapsed = (
                 (

@@ -7,9 +7,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import REGISTRY
 
+from producers.api import create_app
 from producers.repository import JobRepository
 from producers.service import run_relay
 from schemas.errors import JobAlreadyTerminal
@@ -25,6 +27,7 @@ from tests.integration.drops import (
     wait_row,
 )
 from tests.integration.pipeline import Pipeline, open_pipeline
+from tests.integration.serving import post_then_hang_up, serving
 from workers.consumer import Worker
 from workers.engines.sim import SimEngine
 from workers.gate import Candidate, Drop
@@ -136,8 +139,8 @@ async def test_cancel_before_start_never_reaches_the_engine(pipeline: Pipeline) 
 async def test_lapsed_heartbeat_never_reaches_the_engine(
     pipeline: Pipeline, drop_settings: Settings
 ) -> None:
-    job = await submit(pipeline, abandon_after_s=0.5)
-    await asyncio.sleep(1.0)  # nobody polls it
+    job = await submit(pipeline, abandon_after_s=1)
+    await asyncio.sleep(1.5)  # nobody polls it
     spy = SpyEngine(SimEngine(time_scale=0.0))
     start_worker(pipeline, spy)
     row = await wait_row(drop_settings, job)
@@ -219,6 +222,47 @@ async def test_deadline_crossed_while_running_aborts_within_a_step(
     assert row["finished_at"] >= row["deadline"]
     assert_stopped_within_a_step(spy, row, job)
     assert await terminal_events(drop_settings, job) == ["expired"]
+
+
+async def test_disconnect_while_waiting_aborts_within_a_step(drop_settings: Settings) -> None:
+    """A caller holding POST ?wait= with abandon_on_disconnect hangs up mid-decode (a real
+    server and a real socket): the job is abandoned and the engine stops within a step."""
+    app = create_app(drop_settings)
+    stop = asyncio.Event()
+    spy = SpyEngine(SimEngine(time_scale=SLOW))
+    tasks = [
+        asyncio.create_task(run_relay(drop_settings, stop)),
+        asyncio.create_task(run_worker(drop_settings, stop, engine=spy)),
+    ]
+    try:
+        async with serving(app) as port:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                r = await client.post(
+                    "/v1/jobs", json={"kind": "summarize", "input": SHORT_DOC, "max_tokens": 8}
+                )
+            first = r.json()["id"]
+            assert (await wait_row(drop_settings, first))["state"] == "succeeded"  # joined
+
+            def decoding() -> bool:
+                return any(spy.tokens[j] >= 3 for j in spy.received if j != first)
+
+            body = {
+                "kind": "summarize",
+                "input": LONG_DOC,
+                "max_tokens": 2000,
+                "abandon_on_disconnect": True,
+            }
+            await post_then_hang_up(port, body, decoding, within_s=30)
+            [job] = [j for j in spy.received if j != first]
+            row = await wait_row(drop_settings, job, decoded=True)
+            await asyncio.sleep(0.2)
+        assert row["state"] == "abandoned"
+        assert row["error"]["reason"] == "disconnected"
+        assert_stopped_within_a_step(spy, row, job)
+        assert await terminal_events(drop_settings, job) == ["abandoned"]
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
 
 
 @pytest.mark.parametrize("gate_says", ["run", "drop"])

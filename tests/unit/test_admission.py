@@ -129,6 +129,16 @@ async def test_deadline_unreachable_is_refused_at_once() -> None:
     assert await admit(controller(50, relaxed), ttl_s=4) == 0.0
 
 
+async def test_jobs_already_running_are_not_queue_ahead_of_a_new_one() -> None:
+    # 50 records of lag, 30 of them jobs that workers are running (uncommitted until they
+    # end): 20 queued at 10/s is 2 s of wait, and a 4 s deadline holds.
+    c = controller(50)
+    c.running_jobs(30)
+    assert await admit(c, ttl_s=4) == 0.0
+    c.running_jobs(0)
+    assert (await refusal(c, ttl_s=4)).reason == "deadline_unreachable"
+
+
 async def test_priority_high_passes_soft_low_is_refused_first() -> None:
     assert await admit(controller(150), priority=Priority.HIGH) == 0.0
     assert (await refusal(controller(200), priority=Priority.HIGH)).reason == "lag_hard"
