@@ -24,7 +24,8 @@ def app_from_env() -> FastAPI:
 
 
 def serve_api(settings: Settings, *, processes: int = 1) -> None:
-    """Serve the API; uvicorn drains in-flight requests on SIGTERM."""
+    """Serve the API; uvicorn drains in-flight requests on SIGTERM, and cuts requests still
+    open after ``api_shutdown_timeout_s`` (long-polls and ?wait= submits hold theirs)."""
     if processes > 1:
         uvicorn.run(
             "producers.service:app_from_env",
@@ -34,6 +35,7 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
             workers=processes,
             log_level=settings.log_level.lower(),
             limit_concurrency=settings.api_max_connections,
+            timeout_graceful_shutdown=settings.api_shutdown_timeout_s,
         )
         return
     uvicorn.run(
@@ -42,6 +44,7 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
         port=settings.api_port,
         log_level=settings.log_level.lower(),
         limit_concurrency=settings.api_max_connections,
+        timeout_graceful_shutdown=settings.api_shutdown_timeout_s,
     )
 
 

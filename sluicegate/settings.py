@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     api_max_connections: int = Field(default=1024, ge=1)
     # Longest a request may hold its connection waiting for a terminal state (?wait=).
     max_wait_s: float = Field(default=60.0, gt=0)
+    # On SIGTERM, how long the API lets open requests (waits included) finish.
+    api_shutdown_timeout_s: int = Field(default=5, ge=1)
 
     # Outbox relay
     relay_batch_size: int = Field(default=500, ge=1)
