@@ -67,12 +67,14 @@ class Listener:
             try:
                 conn = await asyncpg.connect(self._url, timeout=5)
             except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-                log.warning("LISTEN %s unavailable, retrying in %.1fs: %r", self._channel, backoff, exc)
+                log.warning(
+                    "LISTEN %s unavailable, retrying in %.1fs: %r", self._channel, backoff, exc
+                )
                 await wait_first(stop, limit_s=backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             try:
-                conn.add_termination_listener(lambda _: lost.set())
+                conn.add_termination_listener(lambda _, lost=lost: lost.set())
                 await conn.add_listener(self._channel, self._notified)
                 backoff = 0.1
                 self.connected.set()
