@@ -1,0 +1,461 @@
+"""Overload with deadlines: Sluicegate against a naive pipeline on the same arrival trace.
+
+First the engine's capacity is measured (the simulator kept saturated, on the same job mix).
+Then one trace of arrivals at ``--overload`` times that capacity for ``--duration`` seconds,
+deadlines from a log-normal spread, 5 % of callers cancelling and 5 % going away (they stop
+polling, their heartbeat lease lapses), is run twice in this process:
+
+- Sluicegate: the API (admission on lag, deadline-aware), the outbox relay, one KV-gated
+  worker with its pre-decode gate and mid-decode aborts, on real PostgreSQL and the broker;
+- naive: every arrival straight into the same engine, FIFO, no admission, no drops.
+
+Figures: goodput (jobs finished by their deadline per second) over the engine's capacity,
+decode tokens wasted (on jobs that did not finish in time or whose caller left), tokens
+decoded for jobs dropped before decode, completed jobs past their deadline, and the p50/p99
+latency of completed jobs. Writes docs/bench/overload.json and docs/bench/overload.png.
+
+    python -m benchmarks.overload [--duration 60] [--overload 3] [--time-scale 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.harness import Bench, percentile, pipeline, services
+from benchmarks.naive import Capacity, Run, capacity, run_naive
+from benchmarks.plot import plot_overload
+from benchmarks.trace import Arrival, Mix, trace
+from schemas import constants
+from workers.engines.base import Capacity as EngineCapacity
+from workers.engines.base import GenerationRequest
+from workers.engines.sim import SimEngine
+from workers.service import run_worker
+
+OUT = Path("docs/bench/overload.json")
+TENANT = "bench"
+LEASE_S = 3.0  # the leaving callers' heartbeat lease; they poll every LEASE_S / 3
+# Admission thresholds: the jobs in flight at capacity (Little's law, L = capacity x service
+# time: their records count in the lag until they end) plus this many seconds of queue.
+LAG_SOFT_S = 2.0
+LAG_HARD_S = 5.0
+
+
+class Counting:
+    """The engine, counting the tokens it hands out per job and the jobs it received."""
+
+    name = "sim"
+
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+        self.tokens: Counter[str] = Counter()
+        self.received: set[str] = set()
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+    def count_tokens(self, text: str) -> int:
+        return self.engine.count_tokens(text)
+
+    def capacity(self) -> EngineCapacity:
+        return self.engine.capacity()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        job_id = request.request_id.split(":")[0]
+        self.received.add(job_id)
+        async for piece in self.engine.generate(request):
+            self.tokens[job_id] += 1
+            yield piece
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+
+async def call(
+    bench: Bench, arrival: Arrival, t0: float, wall0: datetime, accepted: dict[str, Arrival]
+) -> None:
+    """One caller: submit (retrying on 429/503 while its deadline allows), then cancel,
+    or poll and go away, as the trace says."""
+    await asyncio.sleep(max(0.0, arrival.at_s - (time.monotonic() - t0)))
+    deadline = wall0 + timedelta(seconds=arrival.at_s + arrival.ttl_s)
+    body: dict[str, Any] = {
+        "kind": "summarize",
+        "input": arrival.doc,
+        "max_tokens": arrival.max_tokens,
+        "deadline": deadline.isoformat(),
+    }
+    if arrival.action == "leave":
+        body["abandon_after_s"] = LEASE_S
+    headers = {constants.HEADER_TENANT: TENANT}
+    while True:
+        r = await bench.client.post("/v1/jobs", json=body, headers=headers)
+        if r.status_code == 202:
+            break
+        REFUSALS[refusal_reason(r)] += 1
+        if r.status_code not in (429, 503):
+            return  # refused for good (deadline unreachable, or already past)
+        wait_s = float(r.headers.get("Retry-After", "1"))
+        if datetime.now(UTC) + timedelta(seconds=wait_s) >= deadline:
+            return
+        await asyncio.sleep(wait_s)
+    job_id = r.json()["id"]
+    accepted[job_id] = arrival
+    act_at = arrival.at_s + arrival.action_after_s
+    if arrival.action == "cancel":
+        await asyncio.sleep(max(0.0, act_at - (time.monotonic() - t0)))
+        await bench.client.delete(f"/v1/jobs/{job_id}", headers=headers)
+    elif arrival.action == "leave":
+        while time.monotonic() - t0 < act_at:
+            view = await bench.client.get(f"/v1/jobs/{job_id}", headers=headers)
+            if view.json().get("state") in TERMINAL:
+                return
+            await asyncio.sleep(LEASE_S / 3)
+
+
+TERMINAL = {"succeeded", "failed", "expired", "cancelled", "abandoned"}
+REFUSALS: Counter[str] = Counter()  # every refused attempt, retried or not, by reason
+
+
+def refusal_reason(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        return str(r.status_code)
+    return str(body.get("reason") or body.get("error", {}).get("code") or r.status_code)
+
+
+async def warm_up(bench: Bench, count: int) -> None:
+    """Let the worker join its group and measure the engine's speed on a few jobs."""
+    ids = []
+    for _ in range(count):
+        r = await bench.client.post(
+            "/v1/jobs",
+            json={"kind": "summarize", "input": "A short warm-up note. " * 40, "max_tokens": 64},
+            headers={constants.HEADER_TENANT: "warmup"},
+        )
+        ids.append(r.json()["id"])
+    async with asyncio.timeout(120):
+        for job_id in ids:
+            while True:
+                view = await bench.client.get(
+                    f"/v1/jobs/{job_id}", headers={constants.HEADER_TENANT: "warmup"}
+                )
+                if view.json()["state"] in TERMINAL:
+                    break
+                await asyncio.sleep(0.2)
+
+
+async def run_sluicegate(
+    admin: str, bootstrap: str, arrivals: list[Arrival], cap: Capacity, time_scale: float
+) -> tuple[list[dict[str, Any]], Counting, dict[str, Any]]:
+    overrides: dict[str, object] = {
+        "lag_soft": round(cap.jobs_per_s * (cap.service_s + LAG_SOFT_S)),
+        "lag_hard": round(cap.jobs_per_s * (cap.service_s + LAG_HARD_S)),
+        "max_blocked": 1024,
+        "max_block_ms": 3000,
+        "expected_token_time_s": cap.decode_s_per_token,
+        # The static service estimate of deadline-aware admission (expected_token_time_s x
+        # max_tokens, at the saturated per-token time) refuses most of this trace's jobs;
+        # the workers' pre-decode gate, on the measured speed, makes that call here.
+        "deadline_aware": False,
+        # Before the first job ends the drain rate is unknown and Retry-After would be this
+        # cap; these callers' deadlines are tens of seconds.
+        "retry_after_max_s": 10.0,
+        "max_input_bytes": 1_000_000,
+        "partitions": 4,
+        "sim_time_scale": time_scale,
+    }
+    async with pipeline(admin, bootstrap, **overrides) as bench:
+        bench.start_relay()
+        engine = Counting(SimEngine(time_scale=time_scale))
+        bench.tasks.append(
+            asyncio.create_task(run_worker(bench.settings, bench.stop, engine=engine))
+        )
+        await warm_up(bench, bench.settings.speed_min_samples)
+        accepted: dict[str, Arrival] = {}
+        t0, wall0 = time.monotonic(), datetime.now(UTC)
+        tokens0 = engine.engine.tokens_decoded
+        samples: list[tuple[float, int, int, float, float]] = []
+        sampler = asyncio.create_task(sample(engine.engine, t0, samples))
+        await asyncio.gather(*(call(bench, a, t0, wall0, accepted) for a in arrivals))
+        await wait_all_terminal(bench, accepted)
+        sampler.cancel()
+        await asyncio.sleep(1.0)  # aborted jobs write their decoded tokens last
+        rows = await job_rows(bench)
+        settings = {k: getattr(bench.settings, k) for k in overrides}
+    outcomes = []
+    for row in rows:
+        arrival = accepted.get(row["id"])
+        if arrival is None:
+            continue
+        outcomes.append(
+            {
+                **row,
+                "arrival": arrival,
+                "arrived_at": wall0 + timedelta(seconds=arrival.at_s),
+                "finished_s": (row["finished_at"] - wall0).total_seconds(),
+            }
+        )
+    settings["engine_tokens_decoded"] = engine.engine.tokens_decoded - tokens0
+    settings["samples"] = samples
+    return outcomes, engine, settings
+
+
+async def sample(
+    engine: SimEngine, t0: float, out: list[tuple[float, int, int, float, float]]
+) -> None:
+    """Every second: (s, running, waiting in the engine, engine seconds, process CPU seconds)."""
+    while True:
+        cap = engine.capacity()
+        out.append(
+            (
+                time.monotonic() - t0,
+                cap.running,
+                cap.waiting,
+                engine.simulated_s,
+                time.process_time(),
+            )
+        )
+        await asyncio.sleep(1.0)
+
+
+def engine_use(
+    samples: list[tuple[float, int, int, float, float]], time_scale: float
+) -> dict[str, Any]:
+    """How busy the engine was and whether the CPU kept up, over the run."""
+    if len(samples) < 2:
+        return {}
+    busy = [s for s in samples if s[1] > 0]
+    first, last = samples[0], samples[-1]
+    wall = last[0] - first[0]
+    return {
+        "engine_busy_share": round(len(busy) / len(samples), 3),
+        "engine_speed_while_running": round(
+            (last[3] - first[3]) * time_scale / max(len(busy), 1), 3
+        ),
+        "process_cpu_share": round((last[4] - first[4]) / wall, 3),
+        "mean_running": round(sum(s[1] for s in samples) / len(samples), 1),
+    }
+
+
+async def wait_all_terminal(bench: Bench, accepted: dict[str, Arrival]) -> list[dict[str, Any]]:
+    async with asyncio.timeout(300):
+        while True:
+            rows = await job_rows(bench)
+            if all(r["state"] in TERMINAL for r in rows if r["id"] in accepted):
+                return rows
+            await asyncio.sleep(0.5)
+
+
+async def job_rows(bench: Bench) -> list[dict[str, Any]]:
+    from sqlalchemy import select
+
+    from schemas.tables import jobs
+    from sluicegate.db import make_engine
+
+    db = make_engine(bench.settings.require_database_url(), pool_size=1)
+    try:
+        async with db.connect() as conn:
+            result = await conn.execute(
+                select(
+                    jobs.c.id,
+                    jobs.c.state,
+                    jobs.c.deadline,
+                    jobs.c.created_at,
+                    jobs.c.finished_at,
+                    jobs.c.decoded_tokens,
+                    jobs.c.error,
+                ).where(jobs.c.tenant == TENANT)
+            )
+            return [{**row._mapping, "id": str(row.id)} for row in result]
+    finally:
+        await db.dispose()
+
+
+def steady(finished: list[float], cap: Capacity, duration_s: float) -> dict[str, Any]:
+    """Goodput over the overload itself: on-time completions between one saturated service
+    time after the first arrival (nothing can finish sooner) and one after the last arrival
+    (then the backlog drains and the offered load falls below capacity)."""
+    start, end = cap.service_s, duration_s + cap.service_s
+    count = sum(1 for at in finished if start <= at < end)
+    rate = count / (end - start)
+    return {
+        "steady_window_s": [round(start, 1), round(end, 1)],
+        "steady_goodput_jobs_per_s": round(rate, 2),
+        "steady_goodput_over_capacity": round(rate / cap.jobs_per_s, 3),
+    }
+
+
+def summarize_sluicegate(
+    outcomes: list[dict[str, Any]],
+    engine: Counting,
+    arrivals: int,
+    cap: Capacity,
+    decoded: int,
+    duration_s: float,
+) -> dict[str, Any]:
+    succeeded = [o for o in outcomes if o["state"] == "succeeded"]
+    on_time = [o for o in succeeded if o["finished_at"] <= o["deadline"]]
+    useful_tokens = sum(engine.tokens[o["id"]] for o in on_time)
+    before_decode = [
+        o
+        for o in outcomes
+        if o["state"] != "succeeded"
+        and ((o["error"] or {}).get("stage") == "before_decode" or o["id"] not in engine.received)
+    ]
+    span = max((o["finished_s"] for o in on_time), default=0.0)
+    latencies = [(o["finished_at"] - o["arrived_at"]).total_seconds() for o in succeeded]
+    stages = Counter(
+        f"{o['state']}:{(o['error'] or {}).get('reason', o['state'])}"
+        f"@{(o['error'] or {}).get('stage', 'before_decode')}"
+        for o in outcomes
+        if o["state"] != "succeeded"
+    )
+    return {
+        **steady([o["finished_s"] for o in on_time], cap, duration_s),
+        "arrivals": arrivals,
+        "accepted": len(outcomes),
+        "refused": arrivals - len(outcomes),
+        "succeeded": len(succeeded),
+        "on_time": len(on_time),
+        "completed_past_deadline": len(succeeded) - len(on_time),
+        "whole_run_goodput_jobs_per_s": round(len(on_time) / span, 2) if span else 0.0,
+        "whole_run_goodput_over_capacity": round(len(on_time) / span / cap.jobs_per_s, 3)
+        if span
+        else 0.0,
+        "span_s": round(span, 1),
+        "decode_tokens": decoded,
+        "wasted_decode_tokens": decoded - useful_tokens,
+        "dropped_before_decode": len(before_decode),
+        "tokens_decoded_for_dropped": sum(engine.tokens[o["id"]] for o in before_decode),
+        "dropped_that_reached_engine": sum(1 for o in before_decode if o["id"] in engine.received),
+        "ends": dict(sorted(stages.items())),
+        "latency_p50_s": round(percentile(latencies, 0.5), 2),
+        "latency_p99_s": round(percentile(latencies, 0.99), 2),
+    }
+
+
+def useful(r: Run) -> bool:
+    """Finished by its deadline, for a caller who was still there."""
+    a = r.arrival
+    if a is None or r.finished_s is None:
+        return False
+    gone = a.action != "stay" and a.at_s + a.action_after_s < r.finished_s
+    return not gone and r.finished_s <= a.at_s + a.ttl_s
+
+
+def summarize_naive(
+    runs: list[Run], cap: Capacity, decoded: int, duration_s: float
+) -> dict[str, Any]:
+    done = [r for r in runs if r.finished_s is not None]
+    on_time = [r for r in done if useful(r)]
+    span = max((r.finished_s or 0.0 for r in on_time), default=0.0)
+    latencies = [(r.finished_s or 0.0) - (r.arrival.at_s if r.arrival else 0.0) for r in done]
+    late = sum(
+        1 for r in done if r.arrival and (r.finished_s or 0) > r.arrival.at_s + r.arrival.ttl_s
+    )
+    return {
+        **steady([r.finished_s or 0.0 for r in on_time], cap, duration_s),
+        "arrivals": len(runs),
+        "accepted": len(runs),
+        "refused": 0,
+        "succeeded": len(done),
+        "on_time": len(on_time),
+        "completed_past_deadline": late,
+        "whole_run_goodput_jobs_per_s": round(len(on_time) / span, 2) if span else 0.0,
+        "whole_run_goodput_over_capacity": round(len(on_time) / span / cap.jobs_per_s, 3)
+        if span
+        else 0.0,
+        "span_s": round(span, 1),
+        "decode_tokens": decoded,
+        "wasted_decode_tokens": decoded - sum(r.tokens for r in on_time),
+        "dropped_before_decode": 0,
+        "tokens_decoded_for_dropped": 0,
+        "latency_p50_s": round(percentile(latencies, 0.5), 2),
+        "latency_p99_s": round(percentile(latencies, 0.99), 2),
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    mix = Mix()
+    print(f"measuring the engine's capacity (time scale {args.time_scale}) ...", flush=True)
+    cap = await capacity(mix, time_scale=args.time_scale)
+    print(f"capacity {cap.jobs_per_s:.2f} jobs/s, {cap.decode_s_per_token * 1000:.1f} ms/token")
+    print(f"service time of a job at saturation {cap.service_s:.1f}s")
+    arrivals = trace(cap.jobs_per_s * args.overload, args.duration, mix, service_s=cap.service_s)
+    print(f"{len(arrivals)} arrivals over {args.duration:.0f}s ({args.overload}x capacity)")
+    async with services() as (admin, bootstrap):
+        outcomes, engine, settings = await run_sluicegate(
+            admin, bootstrap, arrivals, cap, args.time_scale
+        )
+    sluicegate = summarize_sluicegate(
+        outcomes, engine, len(arrivals), cap, settings.pop("engine_tokens_decoded"), args.duration
+    )
+    sluicegate["engine"] = engine_use(settings.pop("samples"), args.time_scale)
+    sluicegate["refused_attempts"] = dict(REFUSALS)
+    print("sluicegate:", json.dumps(sluicegate), flush=True)
+    if args.skip_naive:
+        return {"sluicegate": sluicegate}
+    naive_engine = SimEngine(time_scale=args.time_scale)
+    runs = await run_naive(arrivals, engine=naive_engine)
+    naive = summarize_naive(runs, cap, naive_engine.tokens_decoded, args.duration)
+    print("naive:", json.dumps(naive), flush=True)
+    report = {
+        "config": {
+            "duration_s": args.duration,
+            "overload": args.overload,
+            "time_scale": args.time_scale,
+            "mix": mix.__dict__,
+            "lease_s": LEASE_S,
+            "sluicegate_settings": settings,
+        },
+        "capacity_jobs_per_s": round(cap.jobs_per_s, 2),
+        "capacity_decode_ms_per_token": round(cap.decode_s_per_token * 1000, 2),
+        "service_s_at_saturation": round(cap.service_s, 2),
+        "sluicegate": sluicegate,
+        "naive": naive,
+    }
+    await asyncio.to_thread(write, report, cap, outcomes, runs)
+    return report
+
+
+def write(
+    report: dict[str, Any], cap: Capacity, outcomes: list[dict[str, Any]], runs: list[Run]
+) -> None:
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    plot_overload(
+        cap.jobs_per_s,
+        sluicegate_done=[
+            (o["finished_s"], o["state"] == "succeeded", o["decoded_tokens"] or 0) for o in outcomes
+        ],
+        naive_done=[(r.finished_s, useful(r), r.tokens) for r in runs if r.finished_s is not None],
+        path=OUT.with_suffix(".png"),
+    )
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--overload", type=float, default=3.0)
+    parser.add_argument("--time-scale", type=float, default=4.0)
+    parser.add_argument("--skip-naive", action="store_true", help="diagnosis: Sluicegate only")
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(main(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    cli()
