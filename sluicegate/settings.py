@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     # Jobs in flight on one worker at most, whatever the KV cache could hold.
     worker_max_running: int = Field(default=256, ge=1)
     worker_db_pool_size: int = Field(default=8, ge=1)
+    # Prompt tokens a worker lets be in prefill at once (None: no cap). About twice the
+    # engine's max_num_batched_tokens keeps its step budget full while pacing refills.
+    worker_max_prefill_tokens: int | None = Field(default=None, ge=1)
     # Fraction of the KV cache a worker keeps free beyond every reservation (vLLM's own
     # scheduler keeps a 1 % watermark too).
     kv_watermark: float = Field(default=0.01, ge=0, lt=1)

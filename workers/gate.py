@@ -44,6 +44,7 @@ class JobProgress:
 
     def decoded(self) -> None:
         self.gate.ledger.decoded(self.job_id)
+        self.gate.prefilled(self.job_id)
 
     def completed(self, output_tokens: int) -> None:
         """The output ended by itself (not aborted): a sample of this kind's length."""
@@ -59,10 +60,15 @@ class PullGate:
         max_running: int = 256,
         watermark: float = 0.01,
         expected: ExpectedOutput | None = None,
+        max_prefill_tokens: int | None = None,
     ) -> None:
         self._engine = engine
         self.policy = policy
         self.max_running = max_running
+        # Prompt tokens of started jobs still before their first output token: a cap on it
+        # paces starts, so a cohort of jobs ending together is not replaced all at once.
+        self.max_prefill_tokens = max_prefill_tokens
+        self._prefilling: dict[str, int] = {}
         self._watermark = watermark
         self.expected = expected or ExpectedOutput()
         self.ledger = KvLedger(block_size=1)
@@ -84,6 +90,8 @@ class PullGate:
             return True
         if cap.total_blocks <= 0:
             return False  # capacity not known yet (a remote engine before its first scrape)
+        if not self._prefill_room(envelope.prompt_tokens):
+            return False
         need = self._need(envelope, cap)
         if need > cap.total_blocks - self.ledger.watermark_blocks:
             # Larger than the cache can ever hold beside the watermark: start it alone and
@@ -96,9 +104,20 @@ class PullGate:
         self.ledger.started(
             envelope.job_id, prompt_tokens=envelope.prompt_tokens, expected_output=expected
         )
+        self._prefilling[envelope.job_id] = envelope.prompt_tokens
         return JobProgress(self, envelope.job_id, envelope.kind)
 
+    def prefilled(self, job_id: str) -> None:
+        """The job's first output token came: its prefill is done."""
+        self._prefilling.pop(job_id, None)
+
+    def _prefill_room(self, prompt_tokens: int) -> bool:
+        if self.max_prefill_tokens is None or not self._prefilling:
+            return True
+        return sum(self._prefilling.values()) + prompt_tokens <= self.max_prefill_tokens
+
     def finished(self, job_id: str) -> None:
+        self._prefilling.pop(job_id, None)
         outcome = self.ledger.finished(job_id)
         if outcome is not None and outcome[1] > outcome[0]:
             self.under_reserved += 1

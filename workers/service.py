@@ -69,6 +69,7 @@ def build_gate(settings: Settings, engine: InferenceEngine) -> PullGate:
         policy=settings.pull_policy,
         max_running=settings.worker_max_running,
         watermark=settings.kv_watermark,
+        max_prefill_tokens=settings.worker_max_prefill_tokens,
         expected=ExpectedOutput(
             observed=settings.expected_output == "observed",
             quantile=settings.observed_quantile,

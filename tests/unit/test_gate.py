@@ -110,3 +110,17 @@ async def test_observed_output_packs_more_jobs(engine: SimEngine) -> None:
         progress.decoded()
     gate.finished("a")
     assert gate.under_reserved == 1  # 20 decoded > 12 reserved
+
+
+async def test_prefill_cap_paces_starts_until_first_tokens_come(engine: SimEngine) -> None:
+    gate = PullGate(engine, watermark=0.0, max_prefill_tokens=250)
+    first = gate.started(envelope("a"))  # 100 prompt tokens in prefill
+    gate.started(envelope("b"))  # 200
+    assert not gate.admits(envelope("c"))  # 300 > 250, though the cache has room
+    first.decoded()  # a's first token: its prefill is done
+    assert gate.admits(envelope("c"))
+    gate.finished("b")
+    assert gate.admits(envelope("big", prompt_tokens=240))
+    alone = PullGate(engine, watermark=0.0, max_prefill_tokens=50)
+    assert alone.admits(envelope("x", prompt_tokens=90))  # alone, over the cap, still starts
+    assert PullGate(engine, watermark=0.0).admits(envelope("y"))  # no cap by default
