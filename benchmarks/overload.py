@@ -159,7 +159,12 @@ async def warm_up(bench: Bench, count: int) -> None:
 
 
 async def run_sluicegate(
-    admin: str, bootstrap: str, arrivals: list[Arrival], cap: Capacity, time_scale: float
+    admin: str,
+    bootstrap: str,
+    arrivals: list[Arrival],
+    cap: Capacity,
+    time_scale: float,
+    max_prefill_tokens: int | None = None,
 ) -> tuple[list[dict[str, Any]], Counting, dict[str, Any]]:
     overrides: dict[str, object] = {
         "lag_soft": round(cap.jobs_per_s * (cap.service_s + LAG_SOFT_S)),
@@ -174,6 +179,8 @@ async def run_sluicegate(
         # Before the first job ends the drain rate is unknown and Retry-After would be this
         # cap; these callers' deadlines are tens of seconds.
         "retry_after_max_s": 10.0,
+        # Optional: pace refills (prompt tokens in prefill at once; --max-prefill-tokens).
+        "worker_max_prefill_tokens": max_prefill_tokens,
         "max_input_bytes": 1_000_000,
         "partitions": 4,
         "sim_time_scale": time_scale,
@@ -399,7 +406,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"{len(arrivals)} arrivals over {args.duration:.0f}s ({args.overload}x capacity)")
     async with services() as (admin, bootstrap):
         outcomes, engine, settings = await run_sluicegate(
-            admin, bootstrap, arrivals, cap, args.time_scale
+            admin, bootstrap, arrivals, cap, args.time_scale, args.max_prefill_tokens
         )
     sluicegate = summarize_sluicegate(
         outcomes, engine, len(arrivals), cap, settings.pop("engine_tokens_decoded"), args.duration
@@ -453,6 +460,7 @@ def cli() -> None:
     parser.add_argument("--overload", type=float, default=3.0)
     parser.add_argument("--time-scale", type=float, default=4.0)
     parser.add_argument("--skip-naive", action="store_true", help="diagnosis: Sluicegate only")
+    parser.add_argument("--max-prefill-tokens", type=int, default=None, help="pace refills")
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(main(parser.parse_args()))
 
