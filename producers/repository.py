@@ -171,11 +171,7 @@ class JobRepository:
         Returns whether this call wrote it (False: the job had already ended).
         """
         now = datetime.now(UTC)
-        error = {
-            "code": JobState.ABANDONED.value,
-            "reason": reason,
-            "message": reasons.message(reason),
-        }
+        error = reasons.error(JobState.ABANDONED, reason)
         async with self._engine.begin() as conn:
             row = (
                 (
@@ -230,11 +226,7 @@ class JobRepository:
                             state=JobState.CANCELLED.value,
                             finished_at=now,
                             updated_at=now,
-                            error={
-                                "code": reasons.CANCELLED,
-                                "reason": reasons.CANCELLED,
-                                "message": reasons.message(reasons.CANCELLED),
-                            },
+                            error=reasons.error(JobState.CANCELLED, reasons.CANCELLED),
                         )
                         .returning(*jobs.c)
                     )

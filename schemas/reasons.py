@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from schemas.states import JobState
+
 DEADLINE_PASSED = "deadline_passed"
 DEADLINE_UNREACHABLE = "deadline_unreachable"
 HEARTBEAT_LAPSED = "heartbeat_lapsed"
@@ -19,3 +21,17 @@ MESSAGES = {
 
 def message(reason: str) -> str:
     return MESSAGES.get(reason, reason)
+
+
+def error(state: JobState, reason: str, stage: str | None = None) -> dict[str, str]:
+    """The ``error`` body of a job that ended without a result. Its code is the state,
+    except for an expiry, whose code says which (``deadline_passed``, ...). ``stage`` says
+    whether it ended before or during decode, where the writer knows."""
+    body = {
+        "code": reason if state is JobState.EXPIRED else state.value,
+        "reason": reason,
+        "message": message(reason),
+    }
+    if stage is not None:
+        body["stage"] = stage
+    return body

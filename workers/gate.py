@@ -172,13 +172,7 @@ class Drop:
     write: bool = True
 
     def error(self, stage: str) -> dict[str, str]:
-        code = self.state.value if self.state is not JobState.EXPIRED else self.reason
-        return {
-            "code": code,
-            "reason": self.reason,
-            "stage": stage,
-            "message": reasons.message(self.reason),
-        }
+        return reasons.error(self.state, self.reason, stage)
 
 
 class PreDecodeGate:

@@ -76,55 +76,6 @@ class WorkerRepository:
         self._engine = engine
         self._events_topic = events_topic
 
-    async def claim(self, job_id: str) -> Claimed | None:
-        """Move the job to ``running`` with a new attempt; None if it is not claimable."""
-        now = datetime.now(UTC)
-        async with self._engine.begin() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        update(jobs)
-                        .where(
-                            jobs.c.id == job_id,
-                            jobs.c.state.in_([s.value for s in CLAIMABLE_STATES]),
-                        )
-                        .values(
-                            state=JobState.RUNNING.value,
-                            attempt=jobs.c.attempt + 1,
-                            started_at=now,
-                            updated_at=now,
-                            dispatched_at=func.coalesce(jobs.c.dispatched_at, now),
-                        )
-                        .returning(
-                            jobs.c.id,
-                            jobs.c.tenant,
-                            jobs.c.kind,
-                            jobs.c.input,
-                            jobs.c.max_tokens,
-                            jobs.c.deadline,
-                            jobs.c.created_at,
-                            jobs.c.attempt,
-                            jobs.c.callback_url,
-                        )
-                    )
-                )
-                .mappings()
-                .first()
-            )
-        if row is None:
-            return None
-        return Claimed(
-            id=str(row["id"]),
-            tenant=row["tenant"],
-            kind=JobKind(row["kind"]),
-            input=row["input"],
-            max_tokens=row["max_tokens"],
-            deadline=row["deadline"],
-            created_at=row["created_at"],
-            attempt=row["attempt"],
-            callback_url=row["callback_url"],
-        )
-
     async def claim_batch(
         self, job_ids: list[str], judge: Judge, count_tokens: Callable[[str], int]
     ) -> dict[str, Claimed | Drop | None]:
@@ -341,18 +292,16 @@ class WorkerRepository:
             ).rowcount
             if written != 1:
                 return False
-            event = JobEvent(
-                job_id=job.id,
-                tenant=job.tenant,
-                state=state,
-                attempt=job.attempt,
-                at=now,
-                callback_url=job.callback_url,
-                error_code=(error or {}).get("code"),
-            )
             await conn.execute(
                 insert(outbox).values(
-                    topic=self._events_topic, key=job.id, payload=event.to_bytes()
+                    _event(
+                        self._events_topic,
+                        {"id": job.id, "tenant": job.tenant, "callback_url": job.callback_url},
+                        state,
+                        job.attempt,
+                        now,
+                        error or {},
+                    )
                 )
             )
         return True
@@ -394,8 +343,9 @@ def _event(
     state: JobState,
     attempt: int,
     at: datetime,
-    error: Mapping[str, str],
+    error: Mapping[str, Any],
 ) -> dict[str, Any]:
+    """An outbox row announcing the job's (``row``: id, tenant, callback_url) new state."""
     event = JobEvent(
         job_id=str(row["id"]),
         tenant=row["tenant"],
