@@ -12,18 +12,25 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
 from fastapi import FastAPI
+from sqlalchemy import ColumnElement, select
+from sqlalchemy.sql.elements import KeyedColumnElement
 
 from producers.api import create_app
 from producers.service import run_relay
+from schemas.states import TERMINAL_STATES
 from sluicegate import migrate
+from sluicegate.db import make_engine
 from sluicegate.embedded import EmbeddedBroker, EmbeddedPostgres
 from sluicegate.kafka import ensure_topics
 from sluicegate.settings import Settings
 from workers.service import run_worker
+
+TERMINAL = {s.value for s in TERMINAL_STATES}
 
 
 @dataclass
@@ -105,3 +112,25 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def job_rows(
+    bench: Bench,
+    *columns: KeyedColumnElement[Any],
+    where: ColumnElement[bool] | None = None,
+) -> list[dict[str, Any]]:
+    """These columns of the benchmark database's jobs (``id`` as a string)."""
+    query = select(*columns)
+    if where is not None:
+        query = query.where(where)
+    db = make_engine(bench.settings.require_database_url(), pool_size=1)
+    try:
+        async with db.connect() as conn:
+            result = await conn.execute(query)
+            rows = [dict(row._mapping) for row in result]
+    finally:
+        await db.dispose()
+    for row in rows:
+        if "id" in row:
+            row["id"] = str(row["id"])
+    return rows

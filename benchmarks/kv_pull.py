@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import REGISTRY
-from sqlalchemy import select
 
-from benchmarks.harness import Bench, percentile, pipeline, services
+from benchmarks.harness import TERMINAL, Bench, percentile, pipeline, services
+from benchmarks.harness import job_rows as rows_of
 from schemas.constants import M_JOBS_STARTED
 from schemas.tables import jobs
-from sluicegate.db import make_engine
 from workers.engines.sim import SimEngine
 from workers.service import run_worker
 
@@ -74,7 +73,6 @@ WORDS = (
     "measured",
     "reported",
 )
-TERMINAL = {"succeeded", "failed", "expired", "cancelled", "abandoned"}
 
 
 def document(rng: random.Random, tokens: int) -> str:
@@ -190,21 +188,9 @@ async def terminal_count(bench: Bench) -> int:
 
 
 async def job_rows(bench: Bench) -> list[dict[str, Any]]:
-    db = make_engine(bench.settings.require_database_url(), pool_size=1)
-    try:
-        async with db.connect() as conn:
-            result = await conn.execute(
-                select(
-                    jobs.c.state,
-                    jobs.c.deadline,
-                    jobs.c.started_at,
-                    jobs.c.finished_at,
-                    jobs.c.result,
-                )
-            )
-            return [dict(row._mapping) for row in result]
-    finally:
-        await db.dispose()
+    return await rows_of(
+        bench, jobs.c.state, jobs.c.deadline, jobs.c.started_at, jobs.c.finished_at, jobs.c.result
+    )
 
 
 def summarize_run(

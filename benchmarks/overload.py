@@ -32,11 +32,13 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import Bench, percentile, pipeline, services
+from benchmarks.harness import TERMINAL, Bench, percentile, pipeline, services
+from benchmarks.harness import job_rows as rows_of
 from benchmarks.naive import Capacity, Run, capacity, run_naive
 from benchmarks.plot import plot_overload
 from benchmarks.trace import Arrival, Mix, trace
 from schemas import constants
+from schemas.tables import jobs
 from workers.engines.base import Capacity as EngineCapacity
 from workers.engines.base import GenerationRequest
 from workers.engines.sim import SimEngine
@@ -58,8 +60,8 @@ class Counting:
 
     def __init__(self, engine: SimEngine) -> None:
         self.engine = engine
-        self.tokens: Counter[str] = Counter()
-        self.received: set[str] = set()
+        self.tokens: Counter[str] = Counter()  # by job id
+        self.received: set[str] = set()  # job ids the engine was handed
 
     async def start(self) -> None:
         await self.engine.start()
@@ -125,7 +127,6 @@ async def call(
             await asyncio.sleep(LEASE_S / 3)
 
 
-TERMINAL = {"succeeded", "failed", "expired", "cancelled", "abandoned"}
 REFUSALS: Counter[str] = Counter()  # every refused attempt, retried or not, by reason
 
 
@@ -268,28 +269,17 @@ async def wait_all_terminal(bench: Bench, accepted: dict[str, Arrival]) -> list[
 
 
 async def job_rows(bench: Bench) -> list[dict[str, Any]]:
-    from sqlalchemy import select
-
-    from schemas.tables import jobs
-    from sluicegate.db import make_engine
-
-    db = make_engine(bench.settings.require_database_url(), pool_size=1)
-    try:
-        async with db.connect() as conn:
-            result = await conn.execute(
-                select(
-                    jobs.c.id,
-                    jobs.c.state,
-                    jobs.c.deadline,
-                    jobs.c.created_at,
-                    jobs.c.finished_at,
-                    jobs.c.decoded_tokens,
-                    jobs.c.error,
-                ).where(jobs.c.tenant == TENANT)
-            )
-            return [{**row._mapping, "id": str(row.id)} for row in result]
-    finally:
-        await db.dispose()
+    return await rows_of(
+        bench,
+        jobs.c.id,
+        jobs.c.state,
+        jobs.c.deadline,
+        jobs.c.created_at,
+        jobs.c.finished_at,
+        jobs.c.decoded_tokens,
+        jobs.c.error,
+        where=jobs.c.tenant == TENANT,
+    )
 
 
 def steady(finished: list[float], cap: Capacity, duration_s: float) -> dict[str, Any]:
@@ -303,6 +293,32 @@ def steady(finished: list[float], cap: Capacity, duration_s: float) -> dict[str,
         "steady_window_s": [round(start, 1), round(end, 1)],
         "steady_goodput_jobs_per_s": round(rate, 2),
         "steady_goodput_over_capacity": round(rate / cap.jobs_per_s, 3),
+    }
+
+
+def figures(
+    on_time: list[float],
+    latencies: list[float],
+    *,
+    decoded: int,
+    useful_tokens: int,
+    cap: Capacity,
+    duration_s: float,
+) -> dict[str, Any]:
+    """What both pipelines are measured by: ``on_time`` are the finish times (s from the
+    first arrival) of the jobs done by their deadline for a caller still there."""
+    span = max(on_time, default=0.0)
+    rate = len(on_time) / span if span else 0.0
+    return {
+        **steady(on_time, cap, duration_s),
+        "on_time": len(on_time),
+        "whole_run_goodput_jobs_per_s": round(rate, 2),
+        "whole_run_goodput_over_capacity": round(rate / cap.jobs_per_s, 3),
+        "span_s": round(span, 1),
+        "decode_tokens": decoded,
+        "wasted_decode_tokens": decoded - useful_tokens,
+        "latency_p50_s": round(percentile(latencies, 0.5), 2),
+        "latency_p99_s": round(percentile(latencies, 0.99), 2),
     }
 
 
@@ -323,7 +339,6 @@ def summarize_sluicegate(
         if o["state"] != "succeeded"
         and ((o["error"] or {}).get("stage") == "before_decode" or o["id"] not in engine.received)
     ]
-    span = max((o["finished_s"] for o in on_time), default=0.0)
     latencies = [(o["finished_at"] - o["arrived_at"]).total_seconds() for o in succeeded]
     stages = Counter(
         f"{o['state']}:{(o['error'] or {}).get('reason', o['state'])}"
@@ -332,26 +347,23 @@ def summarize_sluicegate(
         if o["state"] != "succeeded"
     )
     return {
-        **steady([o["finished_s"] for o in on_time], cap, duration_s),
+        **figures(
+            [o["finished_s"] for o in on_time],
+            latencies,
+            decoded=decoded,
+            useful_tokens=useful_tokens,
+            cap=cap,
+            duration_s=duration_s,
+        ),
         "arrivals": arrivals,
         "accepted": len(outcomes),
         "refused": arrivals - len(outcomes),
         "succeeded": len(succeeded),
-        "on_time": len(on_time),
         "completed_past_deadline": len(succeeded) - len(on_time),
-        "whole_run_goodput_jobs_per_s": round(len(on_time) / span, 2) if span else 0.0,
-        "whole_run_goodput_over_capacity": round(len(on_time) / span / cap.jobs_per_s, 3)
-        if span
-        else 0.0,
-        "span_s": round(span, 1),
-        "decode_tokens": decoded,
-        "wasted_decode_tokens": decoded - useful_tokens,
         "dropped_before_decode": len(before_decode),
         "tokens_decoded_for_dropped": sum(engine.tokens[o["id"]] for o in before_decode),
         "dropped_that_reached_engine": sum(1 for o in before_decode if o["id"] in engine.received),
         "ends": dict(sorted(stages.items())),
-        "latency_p50_s": round(percentile(latencies, 0.5), 2),
-        "latency_p99_s": round(percentile(latencies, 0.99), 2),
     }
 
 
@@ -369,30 +381,26 @@ def summarize_naive(
 ) -> dict[str, Any]:
     done = [r for r in runs if r.finished_s is not None]
     on_time = [r for r in done if useful(r)]
-    span = max((r.finished_s or 0.0 for r in on_time), default=0.0)
     latencies = [(r.finished_s or 0.0) - (r.arrival.at_s if r.arrival else 0.0) for r in done]
     late = sum(
         1 for r in done if r.arrival and (r.finished_s or 0) > r.arrival.at_s + r.arrival.ttl_s
     )
     return {
-        **steady([r.finished_s or 0.0 for r in on_time], cap, duration_s),
+        **figures(
+            [r.finished_s or 0.0 for r in on_time],
+            latencies,
+            decoded=decoded,
+            useful_tokens=sum(r.tokens for r in on_time),
+            cap=cap,
+            duration_s=duration_s,
+        ),
         "arrivals": len(runs),
         "accepted": len(runs),
         "refused": 0,
         "succeeded": len(done),
-        "on_time": len(on_time),
         "completed_past_deadline": late,
-        "whole_run_goodput_jobs_per_s": round(len(on_time) / span, 2) if span else 0.0,
-        "whole_run_goodput_over_capacity": round(len(on_time) / span / cap.jobs_per_s, 3)
-        if span
-        else 0.0,
-        "span_s": round(span, 1),
-        "decode_tokens": decoded,
-        "wasted_decode_tokens": decoded - sum(r.tokens for r in on_time),
         "dropped_before_decode": 0,
         "tokens_decoded_for_dropped": 0,
-        "latency_p50_s": round(percentile(latencies, 0.5), 2),
-        "latency_p99_s": round(percentile(latencies, 0.99), 2),
     }
 
 
