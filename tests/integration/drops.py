@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 
+from benchmarks.overload import Counting
 from schemas.states import JobState
 from sluicegate.db import libpq_url
 from sluicegate.settings import Settings
-from workers.engines.base import Capacity, GenerationRequest
 from workers.engines.sim import SimEngine
 
 # 600 sentences: about 10k prompt tokens, and a summary that runs to ~2,000 output tokens.
@@ -24,41 +22,17 @@ LONG_DOC = " ".join(
 SHORT_DOC = "A short note about queues. It says that bounded queues keep latency bounded."
 
 
-class SpyEngine:
-    """A simulator that records every request handed to it and every token it gave out."""
-
-    name = "sim"
+class SpyEngine(Counting):
+    """The benchmark's counting engine, also telling what the engine had decoded in all
+    when the worker aborted a job."""
 
     def __init__(self, engine: SimEngine) -> None:
-        self.engine = engine
-        self.received: list[str] = []  # job ids, in the order the engine saw them
-        self.tokens: Counter[str] = Counter()
+        super().__init__(engine)
         self.aborted: dict[str, int] = {}  # job id -> engine tokens_decoded when aborted
-        self.first_token = defaultdict(asyncio.Event)
-
-    async def start(self) -> None:
-        await self.engine.start()
-
-    async def close(self) -> None:
-        await self.engine.close()
-
-    def count_tokens(self, text: str) -> int:
-        return self.engine.count_tokens(text)
-
-    def capacity(self) -> Capacity:
-        return self.engine.capacity()
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
-        job_id = request.request_id.split(":")[0]
-        self.received.append(job_id)
-        async for piece in self.engine.generate(request):
-            self.tokens[job_id] += 1
-            self.first_token[job_id].set()
-            yield piece
 
     async def abort(self, request_id: str) -> None:
         self.aborted.setdefault(request_id.split(":")[0], self.engine.tokens_decoded)
-        await self.engine.abort(request_id)
+        await super().abort(request_id)
 
 
 async def job_row(settings: Settings, job_id: str) -> dict[str, Any]:

@@ -154,10 +154,24 @@ async def joined(pipeline: Pipeline) -> None:
     assert (await wait_row(pipeline.settings, job))["state"] == "succeeded"
 
 
-async def until_decoding(spy: SpyEngine, job_id: str, tokens: int = 3) -> None:
+async def decoding(pipeline: Pipeline, **body: Any) -> tuple[SpyEngine, str]:
+    """A worker on a slow simulator, and a long job of its own decoding there."""
+    spy = SpyEngine(SimEngine(time_scale=SLOW))
+    start_worker(pipeline, spy)
+    await joined(pipeline)
+    job = await submit(pipeline, input=LONG_DOC, max_tokens=2000, **body)
     async with asyncio.timeout(30):
-        while spy.tokens[job_id] < tokens:
+        while spy.tokens[job] < 3:
             await asyncio.sleep(0.01)
+    return spy, job
+
+
+async def stopped(settings: Settings, job_id: str) -> dict[str, Any]:
+    """The job's row once its decoded tokens are written, read a few steps' time before
+    returning (so that any decoding after the abort would show)."""
+    row = await wait_row(settings, job_id, decoded=True)
+    await asyncio.sleep(0.2)
+    return row
 
 
 def assert_stopped_within_a_step(spy: SpyEngine, row: dict[str, Any], job_id: str) -> None:
@@ -175,15 +189,11 @@ def assert_stopped_within_a_step(spy: SpyEngine, row: dict[str, Any], job_id: st
 async def test_cancel_while_running_aborts_within_a_step(
     pipeline: Pipeline, drop_settings: Settings
 ) -> None:
-    spy = SpyEngine(SimEngine(time_scale=SLOW))
-    start_worker(pipeline, spy)
-    job = await submit(pipeline, input=LONG_DOC, max_tokens=2000)
-    await until_decoding(spy, job)
+    spy, job = await decoding(pipeline)
     r = await pipeline.client.delete(f"/v1/jobs/{job}")
     assert r.status_code == 200
     at_cancel = spy.engine.tokens_decoded
-    row = await wait_row(drop_settings, job, decoded=True)
-    await asyncio.sleep(0.2)  # a few more steps' time: nothing more may be decoded
+    row = await stopped(drop_settings, job)
     assert row["state"] == "cancelled"
     assert_stopped_within_a_step(spy, row, job)
     # Learned from the NOTIFY, not from the 0.2 s sweep (5 steps away).
@@ -194,13 +204,8 @@ async def test_cancel_while_running_aborts_within_a_step(
 async def test_lapsed_heartbeat_while_running_aborts_within_a_step(
     pipeline: Pipeline, drop_settings: Settings
 ) -> None:
-    spy = SpyEngine(SimEngine(time_scale=SLOW))
-    start_worker(pipeline, spy)
-    await joined(pipeline)
-    job = await submit(pipeline, input=LONG_DOC, max_tokens=2000, abandon_after_s=3.5)
-    await until_decoding(spy, job)
-    row = await wait_row(drop_settings, job, decoded=True)
-    await asyncio.sleep(0.2)
+    spy, job = await decoding(pipeline, abandon_after_s=3.5)
+    row = await stopped(drop_settings, job)
     assert row["state"] == "abandoned"
     assert row["error"]["reason"] == "heartbeat_lapsed"
     assert_stopped_within_a_step(spy, row, job)
@@ -210,13 +215,8 @@ async def test_lapsed_heartbeat_while_running_aborts_within_a_step(
 async def test_deadline_crossed_while_running_aborts_within_a_step(
     pipeline: Pipeline, drop_settings: Settings
 ) -> None:
-    spy = SpyEngine(SimEngine(time_scale=SLOW))
-    start_worker(pipeline, spy)
-    await joined(pipeline)
-    job = await submit(pipeline, input=LONG_DOC, max_tokens=2000, ttl_s=4)
-    await until_decoding(spy, job)
-    row = await wait_row(drop_settings, job, decoded=True)
-    await asyncio.sleep(0.2)
+    spy, job = await decoding(pipeline, ttl_s=4)
+    row = await stopped(drop_settings, job)
     assert row["state"] == "expired"
     assert row["error"]["reason"] == "deadline_passed"
     assert row["finished_at"] >= row["deadline"]
@@ -254,8 +254,7 @@ async def test_disconnect_while_waiting_aborts_within_a_step(drop_settings: Sett
             }
             await post_then_hang_up(port, body, decoding, within_s=30)
             [job] = [j for j in spy.received if j != first]
-            row = await wait_row(drop_settings, job, decoded=True)
-            await asyncio.sleep(0.2)
+            row = await stopped(drop_settings, job)
         assert row["state"] == "abandoned"
         assert row["error"]["reason"] == "disconnected"
         assert_stopped_within_a_step(spy, row, job)
