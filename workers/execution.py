@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from schemas import reasons
 from schemas.states import JobState
 from sluicegate.aio import wait_first
 from workers.control import Control, Running
@@ -144,6 +145,7 @@ class Executor:
         return out
 
     async def _succeeded(self, job: Claimed, decoded: Decoded, progress: Progress) -> None:
+        ended = datetime.now(UTC)
         pieces = decoded.pieces
         progress.completed(len(pieces))
         self._predecode.speed.record(
@@ -152,6 +154,16 @@ class Executor:
             output_tokens=len(pieces),
             total_s=decoded.total_s,
         )
+        if ended > job.deadline:
+            # The last token came after the deadline, before its timer fired: late is
+            # expired, whatever the margin.
+            WASTED_TOKENS.labels(reason=reasons.DEADLINE_PASSED).inc(len(pieces))
+            drop = Drop(state=JobState.EXPIRED, reason=reasons.DEADLINE_PASSED)
+            if not await self._finish(
+                job, drop.state, error=drop.error("decode"), decoded_tokens=len(pieces), at=ended
+            ):
+                await self._retrying(lambda: self._repo.record_decoded(job, len(pieces)))
+            return
         result = {
             "text": "".join(pieces),
             "engine": self._engine.name,
@@ -160,7 +172,7 @@ class Executor:
             "output_tokens": len(pieces),
         }
         written = await self._finish(
-            job, JobState.SUCCEEDED, result=result, decoded_tokens=len(pieces)
+            job, JobState.SUCCEEDED, result=result, decoded_tokens=len(pieces), at=ended
         )
         if not written:  # cancelled or abandoned after its last token, before this write
             WASTED_TOKENS.labels(reason="superseded").inc(len(pieces))
@@ -189,12 +201,13 @@ class Executor:
         result: dict[str, Any] | None = None,
         error: dict[str, Any] | None = None,
         decoded_tokens: int | None = None,
+        at: datetime | None = None,
     ) -> bool:
         # Shielded: a stop or revoke must not lose a result that was computed.
         written = await asyncio.shield(
             self._retrying(
                 lambda: self._repo.finish(
-                    job, state, result=result, error=error, decoded_tokens=decoded_tokens
+                    job, state, result=result, error=error, decoded_tokens=decoded_tokens, at=at
                 )
             )
         )

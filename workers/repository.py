@@ -262,15 +262,17 @@ class WorkerRepository:
         result: dict[str, Any] | None = None,
         error: dict[str, Any] | None = None,
         decoded_tokens: int | None = None,
+        at: datetime | None = None,
     ) -> bool:
         """Write the terminal state if this attempt still owns the job (fencing).
 
-        The job event goes into the outbox in the same transaction. Returns False when the
-        job was cancelled meanwhile or a newer attempt took it over.
+        ``at`` is when the job ended (default: now). The job event goes into the outbox in
+        the same transaction. Returns False when the job was cancelled meanwhile or a newer
+        attempt took it over.
         """
         if not state.terminal:
             raise ValueError(f"{state} is not terminal")
-        now = datetime.now(UTC)
+        now = at or datetime.now(UTC)
         async with self._engine.begin() as conn:
             written = (
                 await conn.execute(

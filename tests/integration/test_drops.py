@@ -4,6 +4,7 @@ decode are aborted within a step. Real PostgreSQL, real broker, the simulator be
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,6 +30,7 @@ from tests.integration.drops import (
 from tests.integration.pipeline import Pipeline, open_pipeline
 from tests.integration.serving import post_then_hang_up, serving
 from workers.consumer import Worker
+from workers.engines.base import GenerationRequest
 from workers.engines.sim import SimEngine
 from workers.gate import Candidate, Drop
 from workers.repository import WorkerRepository
@@ -221,6 +223,40 @@ async def test_deadline_crossed_while_running_aborts_within_a_step(
     assert row["error"]["reason"] == "deadline_passed"
     assert row["finished_at"] >= row["deadline"]
     assert_stopped_within_a_step(spy, row, job)
+    assert await terminal_events(drop_settings, job) == ["expired"]
+
+
+class Stalling(SpyEngine):
+    """Holds a finished stream back ``stall_s`` seconds, blocking the event loop: the last
+    token comes after a deadline whose timer has had no chance to fire."""
+
+    stall_s = 0.0
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+        pieces = [piece async for piece in super().generate(request)]
+        time.sleep(self.stall_s)  # noqa: ASYNC251 - blocking is the point
+        for piece in pieces:
+            yield piece
+
+
+async def test_a_result_complete_after_the_deadline_is_expired_not_succeeded(
+    pipeline: Pipeline, drop_settings: Settings
+) -> None:
+    spy = Stalling(SimEngine(time_scale=0.0))
+    start_worker(pipeline, spy)
+    await joined(pipeline)
+    spy.stall_s = 2.5
+    job = await submit(pipeline, max_tokens=8, ttl_s=2)
+    row = await wait_row(drop_settings, job, decoded=True)
+    assert row["state"] == "expired"
+    assert row["error"] == {
+        "code": "deadline_passed",
+        "reason": "deadline_passed",
+        "stage": "decode",
+        "message": row["error"]["message"],
+    }
+    assert row["finished_at"] > row["deadline"]
+    assert row["decoded_tokens"] == spy.tokens[job] > 0
     assert await terminal_events(drop_settings, job) == ["expired"]
 
 
