@@ -89,6 +89,7 @@ async def pipeline(admin_url: str, bootstrap: str, **overrides: object) -> Async
         dead_letter_topic=f"{prefix}.deadletter",
         consumer_group=f"{prefix}-workers",
         log_level="WARNING",
+        auth="tenant_header",
     ).model_copy(update=overrides)
     await ensure_topics(bootstrap, settings.topic_partitions())
     app = create_app(settings)

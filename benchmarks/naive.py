@@ -60,6 +60,7 @@ class Capacity:
     jobs_per_s: float
     decode_s_per_token: float  # median, per job, after its first token
     service_s: float  # median time in the engine of a job, queue of QUEUE_DEPTH included
+    service_p99_s: float
     measured_s: float  # of engine time
 
 
@@ -105,6 +106,7 @@ async def capacity(
         jobs_per_s=len(window) / measure_s / time_scale,
         decode_s_per_token=statistics.median(per_token) * time_scale,
         service_s=statistics.median(service) * time_scale,
+        service_p99_s=statistics.quantiles(service, n=100)[98] * time_scale,
         measured_s=measure_s,
     )
 

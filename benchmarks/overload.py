@@ -26,6 +26,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -168,8 +169,8 @@ async def run_sluicegate(
     max_prefill_tokens: int | None = None,
 ) -> tuple[list[dict[str, Any]], Counting, dict[str, Any]]:
     overrides: dict[str, object] = {
-        "lag_soft": round(cap.jobs_per_s * (cap.service_s + LAG_SOFT_S)),
-        "lag_hard": round(cap.jobs_per_s * (cap.service_s + LAG_HARD_S)),
+        "lag_soft": round(cap.jobs_per_s * (cap.service_p99_s + LAG_SOFT_S)),
+        "lag_hard": round(cap.jobs_per_s * (cap.service_p99_s + LAG_HARD_S)),
         "max_blocked": 1024,
         "max_block_ms": 3000,
         "expected_token_time_s": cap.decode_s_per_token,
@@ -196,8 +197,8 @@ async def run_sluicegate(
         accepted: dict[str, Arrival] = {}
         t0, wall0 = time.monotonic(), datetime.now(UTC)
         tokens0 = engine.engine.tokens_decoded
-        samples: list[tuple[float, int, int, float, float]] = []
-        sampler = asyncio.create_task(sample(engine.engine, t0, samples))
+        samples: list[Sample] = []
+        sampler = asyncio.create_task(sample(engine.engine, bench, t0, samples))
         await asyncio.gather(*(call(bench, a, t0, wall0, accepted) for a in arrivals))
         await wait_all_terminal(bench, accepted)
         sampler.cancel()
@@ -222,17 +223,27 @@ async def run_sluicegate(
     return outcomes, engine, settings
 
 
-async def sample(
-    engine: SimEngine, t0: float, out: list[tuple[float, int, int, float, float]]
-) -> None:
-    """Every second: (s, running, waiting in the engine, engine seconds, process CPU seconds)."""
+@dataclass(frozen=True)
+class Sample:
+    at_s: float
+    running: int  # in the engine
+    waiting: int  # queued inside the engine
+    lag: int  # the admission's reading of the worker group's lag
+    engine_s: float  # the engine's own clock
+    cpu_s: float  # this process's CPU time
+
+
+async def sample(engine: SimEngine, bench: Bench, t0: float, out: list[Sample]) -> None:
+    """The engine's load and the lag, every second."""
     while True:
         cap = engine.capacity()
+        lag = bench.app.state.monitor.snapshot().lag
         out.append(
-            (
+            Sample(
                 time.monotonic() - t0,
                 cap.running,
                 cap.waiting,
+                lag,
                 engine.simulated_s,
                 time.process_time(),
             )
@@ -240,22 +251,24 @@ async def sample(
         await asyncio.sleep(1.0)
 
 
-def engine_use(
-    samples: list[tuple[float, int, int, float, float]], time_scale: float
-) -> dict[str, Any]:
-    """How busy the engine was and whether the CPU kept up, over the run."""
+def engine_use(samples: list[Sample], time_scale: float) -> dict[str, Any]:
+    """How busy the engine was and whether the CPU kept up, from the first arrival to the
+    engine's last busy second (the idle wait for the last terminal writes is left out)."""
+    while samples and samples[-1].running == 0:
+        samples = samples[:-1]
     if len(samples) < 2:
         return {}
-    busy = [s for s in samples if s[1] > 0]
+    busy = [s for s in samples if s.running > 0]
     first, last = samples[0], samples[-1]
-    wall = last[0] - first[0]
+    wall = last.at_s - first.at_s
     return {
         "engine_busy_share": round(len(busy) / len(samples), 3),
         "engine_speed_while_running": round(
-            (last[3] - first[3]) * time_scale / max(len(busy), 1), 3
+            (last.engine_s - first.engine_s) * time_scale / max(len(busy), 1), 3
         ),
-        "process_cpu_share": round((last[4] - first[4]) / wall, 3),
-        "mean_running": round(sum(s[1] for s in samples) / len(samples), 1),
+        "process_cpu_share": round((last.cpu_s - first.cpu_s) / wall, 3),
+        "mean_running": round(sum(s.running for s in samples) / len(samples), 1),
+        "every_5_s": [[round(s.at_s), s.running, s.waiting, s.lag] for s in samples[::5]],
     }
 
 
@@ -282,20 +295,6 @@ async def job_rows(bench: Bench) -> list[dict[str, Any]]:
     )
 
 
-def steady(finished: list[float], cap: Capacity, duration_s: float) -> dict[str, Any]:
-    """Goodput over the overload itself: on-time completions between one saturated service
-    time after the first arrival (nothing can finish sooner) and one after the last arrival
-    (then the backlog drains and the offered load falls below capacity)."""
-    start, end = cap.service_s, duration_s + cap.service_s
-    count = sum(1 for at in finished if start <= at < end)
-    rate = count / (end - start)
-    return {
-        "steady_window_s": [round(start, 1), round(end, 1)],
-        "steady_goodput_jobs_per_s": round(rate, 2),
-        "steady_goodput_over_capacity": round(rate / cap.jobs_per_s, 3),
-    }
-
-
 def figures(
     on_time: list[float],
     latencies: list[float],
@@ -303,20 +302,21 @@ def figures(
     decoded: int,
     useful_tokens: int,
     cap: Capacity,
-    duration_s: float,
 ) -> dict[str, Any]:
     """What both pipelines are measured by: ``on_time`` are the finish times (s from the
     first arrival) of the jobs done by their deadline for a caller still there."""
     span = max(on_time, default=0.0)
     rate = len(on_time) / span if span else 0.0
     return {
-        **steady(on_time, cap, duration_s),
         "on_time": len(on_time),
+        # When the first on-time job ended: until then the engine had work but no output.
+        "first_on_time_s": round(min(on_time, default=0.0), 1),
         "whole_run_goodput_jobs_per_s": round(rate, 2),
         "whole_run_goodput_over_capacity": round(rate / cap.jobs_per_s, 3),
         "span_s": round(span, 1),
         "decode_tokens": decoded,
         "wasted_decode_tokens": decoded - useful_tokens,
+        "useful_token_share": round(useful_tokens / decoded, 3) if decoded else 0.0,
         "latency_p50_s": round(percentile(latencies, 0.5), 2),
         "latency_p99_s": round(percentile(latencies, 0.99), 2),
     }
@@ -328,7 +328,6 @@ def summarize_sluicegate(
     arrivals: int,
     cap: Capacity,
     decoded: int,
-    duration_s: float,
 ) -> dict[str, Any]:
     succeeded = [o for o in outcomes if o["state"] == "succeeded"]
     on_time = [o for o in succeeded if o["finished_at"] <= o["deadline"]]
@@ -353,7 +352,6 @@ def summarize_sluicegate(
             decoded=decoded,
             useful_tokens=useful_tokens,
             cap=cap,
-            duration_s=duration_s,
         ),
         "arrivals": arrivals,
         "accepted": len(outcomes),
@@ -376,9 +374,7 @@ def useful(r: Run) -> bool:
     return not gone and r.finished_s <= a.at_s + a.ttl_s
 
 
-def summarize_naive(
-    runs: list[Run], cap: Capacity, decoded: int, duration_s: float
-) -> dict[str, Any]:
+def summarize_naive(runs: list[Run], cap: Capacity, decoded: int) -> dict[str, Any]:
     done = [r for r in runs if r.finished_s is not None]
     on_time = [r for r in done if useful(r)]
     latencies = [(r.finished_s or 0.0) - (r.arrival.at_s if r.arrival else 0.0) for r in done]
@@ -392,7 +388,6 @@ def summarize_naive(
             decoded=decoded,
             useful_tokens=sum(r.tokens for r in on_time),
             cap=cap,
-            duration_s=duration_s,
         ),
         "arrivals": len(runs),
         "accepted": len(runs),
@@ -409,7 +404,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"measuring the engine's capacity (time scale {args.time_scale}) ...", flush=True)
     cap = await capacity(mix, time_scale=args.time_scale)
     print(f"capacity {cap.jobs_per_s:.2f} jobs/s, {cap.decode_s_per_token * 1000:.1f} ms/token")
-    print(f"service time of a job at saturation {cap.service_s:.1f}s")
+    print(f"service time of a job at saturation {cap.service_s:.1f}s, p99 {cap.service_p99_s:.1f}s")
     arrivals = trace(cap.jobs_per_s * args.overload, args.duration, mix, service_s=cap.service_s)
     print(f"{len(arrivals)} arrivals over {args.duration:.0f}s ({args.overload}x capacity)")
     async with services() as (admin, bootstrap):
@@ -417,7 +412,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             admin, bootstrap, arrivals, cap, args.time_scale, args.max_prefill_tokens
         )
     sluicegate = summarize_sluicegate(
-        outcomes, engine, len(arrivals), cap, settings.pop("engine_tokens_decoded"), args.duration
+        outcomes, engine, len(arrivals), cap, settings.pop("engine_tokens_decoded")
     )
     sluicegate["engine"] = engine_use(settings.pop("samples"), args.time_scale)
     sluicegate["refused_attempts"] = dict(REFUSALS)
@@ -426,7 +421,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         return {"sluicegate": sluicegate}
     naive_engine = SimEngine(time_scale=args.time_scale)
     runs = await run_naive(arrivals, engine=naive_engine)
-    naive = summarize_naive(runs, cap, naive_engine.tokens_decoded, args.duration)
+    naive = summarize_naive(runs, cap, naive_engine.tokens_decoded)
     print("naive:", json.dumps(naive), flush=True)
     report = {
         "config": {
