@@ -9,6 +9,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Float,
+    ForeignKey,
     Index,
     Integer,
     LargeBinary,
@@ -29,6 +30,7 @@ metadata = MetaData(
         "uq": "uq_%(table_name)s_%(column_0_N_name)s",
         "ck": "ck_%(table_name)s_%(constraint_name)s",
         "pk": "pk_%(table_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
     }
 )
 
@@ -66,6 +68,9 @@ jobs = Table(
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # Output tokens decoded on the attempt that ended the job (wasted unless it succeeded).
     Column("decoded_tokens", Integer, nullable=True),
+    # A job of a batch: its batch and the caller's custom_id (unique within the batch).
+    Column("batch_id", UUID(as_uuid=False), ForeignKey("batches.id"), nullable=True),
+    Column("custom_id", Text, nullable=True),
     CheckConstraint(_one_of("state", JobState), name="state"),
     CheckConstraint("abandon_after_s > 0", name="abandon_after_s"),
     CheckConstraint(_one_of("kind", JobKind), name="kind"),
@@ -79,6 +84,8 @@ jobs = Table(
         postgresql_where=text("idempotency_key IS NOT NULL"),
     ),
     Index("ix_jobs_state", "state"),
+    Index("uq_jobs_batch_id_custom_id", "batch_id", "custom_id", unique=True),
+    Index("ix_jobs_tenant_id", "tenant", "id"),
 )
 
 outbox = Table(
@@ -102,4 +109,125 @@ partition_ends = Table(
     Column("partition", Integer, primary_key=True),
     Column("end_offset", BigInteger, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# API keys: a key is shown once when it is made; only its SHA-256 is stored.
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", Text, primary_key=True),  # the key's public prefix, e.g. "sk_3f9a1c2e"
+    Column("key_hash", Text, nullable=False, unique=True),
+    Column("tenant", Text, nullable=False),
+    Column("name", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+)
+
+# Webhook signing secrets ("whsec_..."), per tenant. Every unexpired secret signs each
+# delivery (Standard Webhooks: several signatures, space-separated), which is how a
+# tenant rotates one: add the new secret, let the receivers learn it, expire the old one.
+webhook_secrets = Table(
+    "webhook_secrets",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("tenant", Text, nullable=False),
+    Column("secret", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True), nullable=True),
+    Index("ix_webhook_secrets_tenant", "tenant"),
+)
+
+batches = Table(
+    "batches",
+    metadata,
+    Column("id", UUID(as_uuid=False), primary_key=True),
+    Column("tenant", Text, nullable=False),
+    # OpenAI Batch statuses: in_progress, finalizing, completed, expired, cancelling,
+    # cancelled (a refused batch is not stored, so never validating or failed).
+    Column("status", Text, nullable=False),
+    Column("endpoint", Text, nullable=False),
+    Column("completion_window", Text, nullable=False),
+    Column("deadline", DateTime(timezone=True), nullable=False),
+    Column("callback_url", Text, nullable=True),
+    Column("metadata", JSONB, nullable=True),
+    Column("total", Integer, nullable=False),
+    Column("idempotency_key", Text, nullable=True),
+    Column("request_hash", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("cancelled_at", DateTime(timezone=True), nullable=True),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint("total > 0", name="total"),
+    Index(
+        "uq_batches_tenant_idempotency_key",
+        "tenant",
+        "idempotency_key",
+        unique=True,
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+    ),
+)
+
+# One row per webhook message: its id (the webhook-id header) and body are fixed when it is
+# made, so every retry is the same message. Unique per subject and event, so a terminal
+# state yields one delivery sequence however often its event is consumed.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", Text, primary_key=True),  # "msg_<uuid>"
+    Column("tenant", Text, nullable=False),
+    Column("subject", Text, nullable=False),  # the job or batch id
+    Column("event_type", Text, nullable=False),  # e.g. "job.succeeded", "batch.completed"
+    Column("url", Text, nullable=False),
+    Column("body", Text, nullable=False),
+    Column("state", Text, nullable=False),  # pending, delivered, dead
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_status", Integer, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint("state IN ('pending', 'delivered', 'dead')", name="state"),
+    Index("uq_webhook_deliveries_subject_event_type", "subject", "event_type", unique=True),
+    Index(
+        "ix_webhook_deliveries_due",
+        "next_attempt_at",
+        postgresql_where=text("state = 'pending'"),
+    ),
+)
+
+webhook_attempts = Table(
+    "webhook_attempts",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("delivery_id", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("status_code", Integer, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("duration_ms", Float, nullable=False),
+    Index("ix_webhook_attempts_delivery_id", "delivery_id"),
+)
+
+# An endpoint that answered 410 Gone: no further deliveries to it.
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("url", Text, primary_key=True),
+    Column("disabled_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("reason", Text, nullable=False),
+)
+
+# What could not be processed and was set aside with its reason (also published to the
+# dead-letter topic): webhook deliveries after their last attempt, poison records.
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("source", Text, nullable=False),  # "webhook", "dispatch", ...
+    Column("tenant", Text, nullable=True),
+    Column("subject", Text, nullable=True),  # delivery id, job id, topic@offset
+    Column("reason", Text, nullable=False),
+    Column("payload", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_dead_letters_tenant_source", "tenant", "source"),
 )
