@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,7 +14,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers import errors
+from producers import errors, status
 from producers.admission import AdmissionController, Policy
 from producers.flow import report_flow
 from producers.lag import KafkaLagSource, LagMonitor, LagSource
@@ -24,21 +23,25 @@ from producers.metrics import SUBMITTED
 from producers.ratelimit import TenantLimits
 from producers.repository import JobRepository
 from producers.submission import new_job
-from producers.waiting import Waiters, wait_for_terminal, wait_limit
+from producers.tenancy import KeyStore, Tenant
+from producers.waiting import Reads, Waiters, wait_for_terminal, wait_limit
 from schemas import constants
-from schemas.api import ErrorResponse, JobView, SubmitJob, SubmitResponse
-from schemas.errors import InvalidRequest, JobNotFound
+from schemas.api import ErrorResponse, JobList, JobView, SubmitJob, SubmitResponse
+from schemas.errors import JobNotFound
 from schemas.jobs import Job, estimate_tokens
+from schemas.states import JobState
 from sluicegate.db import make_engine
 from sluicegate.notify import Listener
 from sluicegate.settings import Settings
 
+# Pages of GET /v1/jobs.
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
 # A ?wait= that ran out before the job ended: poll again (or wait again) in this long.
 WAIT_RETRY_AFTER_S = 1
 
-_TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _ERRORS: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 422, 429, 503)
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 409, 413, 422, 429, 503)
 }
 
 WaitQuery = Annotated[
@@ -49,16 +52,6 @@ WaitQuery = Annotated[
         "to end. POST: 200 with the job if it ended, else 202 with the job and Retry-After.",
     ),
 ]
-TenantHeader = Annotated[
-    str | None, Header(alias=constants.HEADER_TENANT, description="Tenant (default: default)")
-]
-
-
-def _tenant(value: str | None) -> str:
-    tenant = value or constants.DEFAULT_TENANT
-    if not _TENANT.match(tenant):
-        raise InvalidRequest("tenant must be 1-64 of A-Z a-z 0-9 . _ -")
-    return tenant
 
 
 def _job_id(value: str) -> str:
@@ -93,6 +86,7 @@ def create_app(
             source, interval_s=settings.lag_interval_s, stale_after_s=settings.lag_stale_after_s
         )
         app.state.repo = repo
+        app.state.keys = KeyStore(db, cache_s=settings.api_key_cache_s)
         app.state.admission = AdmissionController(
             Policy.of(settings),
             monitor,
@@ -101,6 +95,7 @@ def create_app(
         app.state.monitor = monitor
         waiters = Waiters(limit=settings.api_max_connections)
         app.state.waiters = waiters
+        app.state.reads = Reads(repo)
         listener = Listener(
             db.url.render_as_string(hide_password=False),
             constants.JOBS_CHANNEL,
@@ -127,6 +122,7 @@ def create_app(
                 await db.dispose()
 
     app = FastAPI(title="Sluicegate", version="0.1.0", lifespan=lifespan)
+    app.state.auth = settings.auth
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     errors.install(app)
 
@@ -138,6 +134,7 @@ def create_app(
         waited = await wait_for_terminal(
             repo(request),
             request.app.state.waiters,
+            request.app.state.reads,
             tenant=tenant,
             job_id=job_id,
             wait_s=wait_s,
@@ -154,7 +151,7 @@ def create_app(
     async def submit(
         body: SubmitJob,
         request: Request,
-        tenant: TenantHeader = None,
+        tenant: Tenant,
         idempotency_key: Annotated[
             str | None, Header(alias=constants.HEADER_IDEMPOTENCY_KEY, max_length=255)
         ] = None,
@@ -162,9 +159,7 @@ def create_app(
     ) -> JSONResponse:
         wait = wait_limit(wait, settings.max_wait_s)  # refused before anything is stored
         now = datetime.now(UTC)
-        new = new_job(
-            body, tenant=_tenant(tenant), header_key=idempotency_key, now=now, settings=settings
-        )
+        new = new_job(body, tenant=tenant, header_key=idempotency_key, now=now, settings=settings)
         admission: AdmissionController = request.app.state.admission
         await admission.admit(
             tenant=new.tenant,
@@ -208,31 +203,74 @@ def create_app(
             answer.model_dump(mode="json"), status_code=202 if created else 200, headers=headers
         )
 
-    @app.get("/v1/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
+    @app.get(
+        "/v1/jobs",
+        response_model=JobList,
+        responses=_ERRORS,
+        summary="List the caller's jobs, oldest first, by batch and state",
+    )
+    async def list_jobs(
+        request: Request,
+        tenant: Tenant,
+        batch_id: Annotated[uuid.UUID | None, Query()] = None,
+        state: Annotated[list[JobState] | None, Query()] = None,
+        after: Annotated[uuid.UUID | None, Query(description="next_after of the last page")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+    ) -> JobList:
+        page, more = await repo(request).page(
+            tenant,
+            batch_id=str(batch_id) if batch_id else None,
+            states=state or [],
+            after=str(after) if after else None,
+            limit=limit,
+        )
+        return JobList(
+            data=[JobView.of(job, _status_url(job.id)) for job in page],
+            next_after=page[-1].id if more else None,
+        )
+
+    @app.get(
+        "/v1/jobs/{job_id}",
+        response_model=JobView,
+        responses={304: {"description": "Not modified (If-None-Match)"}, **_ERRORS},
+    )
     async def get_job(
         job_id: str,
         request: Request,
-        tenant: TenantHeader = None,
+        tenant: Tenant,
         wait: WaitQuery = None,
-    ) -> JobView:
-        """The job; a GET renews its heartbeat lease (``abandon_after_s``)."""
-        owner, job_id = _tenant(tenant), _job_id(job_id)
+        if_none_match: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        """The job, with a weak ETag (If-None-Match answers 304) and, until it is terminal,
+        a Retry-After poll hint and a queue estimate. A GET renews its heartbeat lease
+        (``abandon_after_s``). ``?wait=`` holds the request until the job is terminal,
+        woken by the terminal write's NOTIFY."""
+        owner, job_id = tenant, _job_id(job_id)
         wait = wait_limit(wait, settings.max_wait_s)
         if wait is None:
             job = await repo(request).poll(owner, job_id)
         else:
             job = await wait_for(request, owner, job_id, wait)
-        return JobView.of(job, _status_url(job.id))
+        answer = await status.view(
+            repo(request), request.app.state.monitor.snapshot(), job, _status_url(job.id)
+        )
+        tag = status.etag(job)
+        headers = {"ETag": tag}
+        if (hint := status.retry_after_s(answer)) is not None:
+            headers["Retry-After"] = str(hint)
+        if status.matches(if_none_match, tag):
+            return Response(status_code=304, headers=headers)
+        return JSONResponse(answer.model_dump(mode="json"), headers=headers)
 
     @app.post("/v1/jobs/{job_id}/heartbeat", response_model=JobView, responses=_ERRORS)
-    async def heartbeat(job_id: str, request: Request, tenant: TenantHeader = None) -> JobView:
+    async def heartbeat(job_id: str, request: Request, tenant: Tenant) -> JobView:
         """Renew the job's heartbeat lease; 409 once the job has ended."""
-        job = await repo(request).touch(_tenant(tenant), _job_id(job_id))
+        job = await repo(request).touch(tenant, _job_id(job_id))
         return JobView.of(job, _status_url(job.id))
 
     @app.delete("/v1/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
-    async def cancel_job(job_id: str, request: Request, tenant: TenantHeader = None) -> JobView:
-        job = await repo(request).cancel(_tenant(tenant), _job_id(job_id))
+    async def cancel_job(job_id: str, request: Request, tenant: Tenant) -> JobView:
+        job = await repo(request).cancel(tenant, _job_id(job_id))
         return JobView.of(job, _status_url(job.id))
 
     @app.get("/healthz")

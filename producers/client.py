@@ -102,12 +102,15 @@ class SluicegateClient:
         base_url: str,
         *,
         tenant: str | None = None,
+        api_key: str | None = None,
         timeout_s: float = 30.0,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         headers = {constants.HEADER_TENANT: tenant} if tenant else {}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
         self._http = httpx.AsyncClient(
             base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
         )

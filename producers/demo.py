@@ -100,10 +100,11 @@ async def run_demo(
     documents: list[tuple[str, str]],
     *,
     console: Console,
+    api_key: str | None = None,
     max_tokens: int = 120,
     ttl_s: float = 600.0,
 ) -> list[Tracked]:
-    async with SluicegateClient(api_url, retry=RetryPolicy()) as client:
+    async with SluicegateClient(api_url, api_key=api_key, retry=RetryPolicy()) as client:
         jobs = await submit_all(client, documents, max_tokens=max_tokens, ttl_s=ttl_s)
         console.print(f"submitted {len(jobs)} documents to {api_url}")
         await follow(client, jobs, console)

@@ -23,6 +23,7 @@ FLOW_WINDOW_S = 60.0
 
 _TERMINAL = [s.value for s in TERMINAL_STATES]
 _ABANDONABLE = [s.value for s in sources_of(JobState.ABANDONED)]
+_NOT_STARTED = [JobState.QUEUED.value, JobState.DISPATCHED.value]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +44,10 @@ class JobRepository:
         self._engine = engine
         self._dispatch_topic = dispatch_topic
         self._events_topic = events_topic
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
 
     async def ping(self) -> None:
         async with self._engine.connect() as conn:
@@ -133,6 +138,14 @@ class JobRepository:
         if row is None:
             raise JobNotFound(f"no job {job_id}")
         return job_from_row(row)
+
+    async def get_many(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], Job]:
+        """Jobs by (tenant, id), in one query; the missing ones are left out."""
+        ids = [job_id for _, job_id in keys]
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(select(jobs).where(jobs.c.id.in_(ids)))).mappings().all()
+        found = {(r["tenant"], str(r["id"])): job_from_row(r) for r in rows}
+        return {key: found[key] for key in keys if key in found}
 
     async def poll(self, tenant: str, job_id: str) -> Job:
         """Read the job; a poll is its caller's heartbeat, so renew its lease if it has one.
@@ -244,6 +257,40 @@ class JobRepository:
             job = job_from_row(row)
             await self._event(conn, job, now, "cancelled")
         return job
+
+    async def queue_position(self, job: Job) -> int:
+        """Jobs not started yet that were submitted before this one, of every tenant (ids
+        are time-ordered): the shared queue ahead of it."""
+        async with self._engine.connect() as conn:
+            count = await conn.scalar(
+                select(func.count())
+                .select_from(jobs)
+                .where(jobs.c.state.in_(_NOT_STARTED), jobs.c.id < job.id)
+            )
+        return int(count or 0)
+
+    async def page(
+        self,
+        tenant: str,
+        *,
+        batch_id: str | None,
+        states: list[JobState],
+        after: str | None,
+        limit: int,
+    ) -> tuple[list[Job], bool]:
+        """The tenant's jobs, oldest first, after the job id ``after``; and whether more
+        follow."""
+        query = select(jobs).where(jobs.c.tenant == tenant)
+        if batch_id is not None:
+            query = query.where(jobs.c.batch_id == batch_id)
+        if states:
+            query = query.where(jobs.c.state.in_([s.value for s in states]))
+        if after is not None:
+            query = query.where(jobs.c.id > after)
+        query = query.order_by(jobs.c.id).limit(limit + 1)
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [job_from_row(r) for r in rows[:limit]], len(rows) > limit
 
     async def flow(self) -> Flow:
         """In-flight jobs (L) and the mean submit-to-terminal time (W) of recent ones."""

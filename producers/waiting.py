@@ -18,7 +18,7 @@ from starlette.types import Receive
 
 from producers.repository import JobRepository
 from schemas import reasons
-from schemas.errors import InvalidRequest
+from schemas.errors import InvalidRequest, JobNotFound
 from schemas.jobs import Job
 from sluicegate.aio import wait_first
 from sluicegate.notify import JobNotice
@@ -93,6 +93,43 @@ class Waiters:
                 event.set()
 
 
+class Reads:
+    """Re-reads of woken waiters, coalesced: every request woken in the same turn of the
+    event loop (one NOTIFY burst: a batch of jobs ending together) shares one query."""
+
+    def __init__(self, repo: JobRepository) -> None:
+        self._repo = repo
+        self._pending: dict[tuple[str, str], list[asyncio.Future[Job]]] = {}
+        self._flush: asyncio.Task[None] | None = None
+
+    async def read(self, tenant: str, job_id: str) -> Job:
+        future: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault((tenant, job_id), []).append(future)
+        if self._flush is None:
+            self._flush = asyncio.create_task(self._read_pending(), name="waiters-read")
+        return await future
+
+    async def _read_pending(self) -> None:
+        await asyncio.sleep(0)  # let every waiter woken in this turn join the query
+        batch, self._pending, self._flush = self._pending, {}, None
+        try:
+            found = await self._repo.get_many(list(batch))
+        except Exception as exc:
+            for futures in batch.values():
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(exc)
+            return
+        for key, futures in batch.items():
+            for future in futures:
+                if future.done():
+                    continue
+                if key in found:
+                    future.set_result(found[key])
+                else:
+                    future.set_exception(JobNotFound(f"no job {key[1]}"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Waited:
     job: Job  # as last read
@@ -102,6 +139,7 @@ class Waited:
 async def wait_for_terminal(
     repo: JobRepository,
     waiters: Waiters,
+    reads: Reads,
     *,
     tenant: str,
     job_id: str,
@@ -117,7 +155,7 @@ async def wait_for_terminal(
     try:
         with waiters.watch(job_id) as woken:
             async with _disconnect(receive) as gone:
-                return await _wait(repo, tenant, job_id, deadline, woken, gone)
+                return await _wait(repo, reads, tenant, job_id, deadline, woken, gone)
     except WaitersFull:
         log.warning("%d requests wait already: answering at once", len(waiters))
         return Waited(job=await repo.poll(tenant, job_id))
@@ -125,6 +163,7 @@ async def wait_for_terminal(
 
 async def _wait(
     repo: JobRepository,
+    reads: Reads,
     tenant: str,
     job_id: str,
     deadline: float,
@@ -132,9 +171,14 @@ async def _wait(
     gone: asyncio.Event,
 ) -> Waited:
     loop = asyncio.get_running_loop()
+    renew = True
     while True:
-        woken.clear()
-        job = await repo.poll(tenant, job_id)  # the caller is here: renews its lease
+        if renew:  # the caller is here: a poll renews its lease
+            woken.clear()
+            job = await repo.poll(tenant, job_id)
+        else:  # woken by a notice: read with the others woken with it
+            woken.clear()
+            job = await reads.read(tenant, job_id)
         if job.state.terminal:
             return Waited(job=job)
         if gone.is_set():
@@ -147,6 +191,7 @@ async def _wait(
         await wait_first(woken, gone, limit_s=remaining)
         if gone.is_set():
             return await _left(repo, job)
+        renew = not woken.is_set()
 
 
 async def _left(repo: JobRepository, job: Job) -> Waited:

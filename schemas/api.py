@@ -76,10 +76,23 @@ class JobView(BaseModel):
     abandon_after_s: float | None
     last_seen_at: datetime
     decoded_tokens: int | None
+    batch_id: str | None = None
+    custom_id: str | None = None
     status_url: str
+    # An estimate for a job not started yet: jobs ahead of it (all tenants' queued and
+    # dispatched jobs submitted before it) and when it may start at the measured drain rate.
+    queue_position: int | None = None
+    expected_start_at: datetime | None = None
 
     @classmethod
-    def of(cls, job: Job, status_url: str) -> JobView:
+    def of(
+        cls,
+        job: Job,
+        status_url: str,
+        *,
+        queue_position: int | None = None,
+        expected_start_at: datetime | None = None,
+    ) -> JobView:
         return cls(
             id=job.id,
             tenant=job.tenant,
@@ -101,5 +114,16 @@ class JobView(BaseModel):
             abandon_after_s=job.abandon_after_s,
             last_seen_at=job.last_seen_at,
             decoded_tokens=job.decoded_tokens,
+            batch_id=job.batch_id,
+            custom_id=job.custom_id,
             status_url=status_url,
+            queue_position=queue_position,
+            expected_start_at=expected_start_at,
         )
+
+
+class JobList(BaseModel):
+    """A page of jobs, oldest first; pass ``next_after`` as ``after`` for the next page."""
+
+    data: list[JobView]
+    next_after: str | None

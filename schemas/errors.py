@@ -54,3 +54,13 @@ class PoisonRecord(SluicegateError):
     """A record on a topic that cannot be decoded; it is dead-lettered, never retried."""
 
     code = "poison_record"
+
+
+class Unauthorized(SluicegateError):
+    code = "unauthorized"
+    status = 401
+
+
+class BatchNotFound(SluicegateError):
+    code = "batch_not_found"
+    status = 404

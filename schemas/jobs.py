@@ -69,6 +69,8 @@ class Job:
     abandon_after_s: float | None
     last_seen_at: datetime
     decoded_tokens: int | None
+    batch_id: str | None = None
+    custom_id: str | None = None
 
 
 def job_from_row(row: Mapping[Any, Any]) -> Job:
@@ -94,4 +96,6 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         abandon_after_s=row["abandon_after_s"],
         last_seen_at=row["last_seen_at"],
         decoded_tokens=row["decoded_tokens"],
+        batch_id=str(row["batch_id"]) if row["batch_id"] is not None else None,
+        custom_id=row["custom_id"],
     )

@@ -13,8 +13,10 @@ from rich.console import Console
 from producers import demo, service
 from producers.client import ApiError, RetryPolicy, SluicegateClient
 from producers.repository import JobRepository, OutboxStore
+from producers.tenancy import KeyStore
+from schemas import constants
 from schemas.jobs import JobKind
-from sluicegate import migrate
+from sluicegate import local_key, migrate
 from sluicegate.db import make_engine
 from sluicegate.process import configure_logging, run_until_signal
 from sluicegate.samples import sample_documents
@@ -58,6 +60,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("relay", help="run the outbox relay")
     sub.add_parser("worker", help="run one worker")
     sub.add_parser("migrate", help="upgrade the database to the newest schema")
+
+    keys = sub.add_parser("keys", help="make or revoke API keys (stored hashed)")
+    key_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = key_sub.add_parser("create", help="make a key for a tenant; prints it once")
+    create.add_argument("tenant")
+    create.add_argument("--name", default=None, help="a note on what the key is for")
+    revoke = key_sub.add_parser("revoke", help="revoke a key by its id (sk_<12 hex>)")
+    revoke.add_argument("key_id")
     return parser
 
 
@@ -77,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
         run_until_signal(lambda stop: _demo(settings, args.workers, docs, stop))
     elif command == "submit":
         api_url = args.api or f"http://{settings.api_host}:{settings.api_port}"
-        sys.exit(asyncio.run(_submit(api_url, args.files, args.max_tokens, args.ttl)))
+        key = local_key.read_key(settings)
+        sys.exit(asyncio.run(_submit(api_url, key, args.files, args.max_tokens, args.ttl)))
     elif command == "api":
         overrides = {"api_host": args.host, "api_port": args.port}
         settings = settings.model_copy(update={k: v for k, v in overrides.items() if v})
@@ -95,6 +106,40 @@ def main(argv: list[str] | None = None) -> None:
         run_until_signal(lambda stop: run_worker(settings, stop))
     elif command == "migrate":
         migrate.upgrade(settings.require_database_url())
+    elif command == "keys":
+        sys.exit(asyncio.run(_keys(settings, args)))
+
+
+async def _keys(settings: Settings, args: argparse.Namespace) -> int:
+    db = make_engine(settings.require_database_url(), pool_size=1)
+    try:
+        store = KeyStore(db)
+        if args.keys_command == "create":
+            print(await store.create(args.tenant, name=args.name))
+            return 0
+        if await store.revoke(args.key_id):
+            print(f"revoked {args.key_id}")
+            return 0
+        print(f"no active key {args.key_id}", file=sys.stderr)
+        return 1
+    finally:
+        await db.dispose()
+
+
+async def _local_key(stack: Stack) -> str | None:
+    """With keys on, the key this machine's clients use: made once, kept in data_dir."""
+    settings = stack.settings
+    if settings.auth != "api_key":
+        return None
+    if (key := local_key.read_key(settings)) is not None:
+        return key
+    db = make_engine(stack.database_url, pool_size=1)
+    try:
+        key = await KeyStore(db).create(constants.DEFAULT_TENANT, name="local stack")
+    finally:
+        await db.dispose()
+    local_key.write_key(settings, key)
+    return key
 
 
 def _check_workers(count: int, at_least: int = 0) -> None:
@@ -118,22 +163,27 @@ async def _redispatch(stack: Stack) -> None:
         await db.dispose()
 
 
-async def _start(stack: Stack) -> None:
+async def _start(stack: Stack) -> str | None:
+    """Start everything; returns the local API key (None without keys)."""
     stack.on_fresh_broker = lambda: _redispatch(stack)
     await stack.start_services()
+    key = await _local_key(stack)
     if stack.fresh_broker:
         await _redispatch(stack)
     await stack.start_processes()
+    return key
 
 
 async def _up(settings: Settings, workers: int, stop: asyncio.Event) -> None:
     stack = Stack(settings, workers=workers)
     console = Console()
     try:
-        await _start(stack)
+        key = await _start(stack)
+        where = local_key.key_file(settings) if key and not settings.api_key else "settings"
         console.print(
             f"[bold]sluicegate is up[/bold]\n"
             f"  API       {stack.api_url}  (docs: {stack.api_url}/docs)\n"
+            f"  API key   {where if key else 'off (auth = tenant_header)'}\n"
             f"  database  {stack.database_url}\n"
             f"  kafka     {stack.bootstrap}\n"
             f"  workers   {workers}\n"
@@ -153,8 +203,10 @@ async def _demo(
     console = Console()
     try:
         with console.status("starting the local stack (PostgreSQL, broker, API, workers)"):
-            await _start(stack)
-        run = asyncio.ensure_future(demo.run_demo(stack.api_url, docs, console=console))
+            key = await _start(stack)
+        run = asyncio.ensure_future(
+            demo.run_demo(stack.api_url, docs, console=console, api_key=key)
+        )
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait([run, stopper], return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
@@ -167,9 +219,11 @@ async def _demo(
         await stack.stop()
 
 
-async def _submit(api_url: str, files: list[Path], max_tokens: int, ttl: float | None) -> int:
+async def _submit(
+    api_url: str, api_key: str | None, files: list[Path], max_tokens: int, ttl: float | None
+) -> int:
     docs = demo.read_documents(files)
-    async with SluicegateClient(api_url, retry=RetryPolicy()) as client:
+    async with SluicegateClient(api_url, api_key=api_key, retry=RetryPolicy()) as client:
         for name, text in docs:
             try:
                 answer = await client.submit(

@@ -38,6 +38,14 @@ class Settings(BaseSettings):
     kafka_idempotent_producer: bool = True
 
     # API
+    # Who the caller is: "api_key" maps an `Authorization: Bearer <key>` to its tenant
+    # (keys made with `sluicegate keys create`, stored hashed); "tenant_header" trusts the
+    # X-Sluicegate-Tenant header, for a deployment behind a gateway that authenticates.
+    auth: Literal["api_key", "tenant_header"] = "api_key"
+    # How long a key looked up stays cached in the API (a revocation takes this long).
+    api_key_cache_s: float = Field(default=30.0, ge=0)
+    # The key the command-line clients send (default: the local stack's, from data_dir).
+    api_key: str | None = None
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     max_body_bytes: int = Field(default=1_048_576, ge=1024)

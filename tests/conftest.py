@@ -138,6 +138,9 @@ async def settings(
         kafka_idempotent_producer=not kafka_is_tansu,
         partitions=4,
         data_dir=tmp_path,
+        # The features under test, not authentication: the tenant comes from the header.
+        # tests/integration/test_tenancy.py runs the API with keys.
+        auth="tenant_header",
     )
     await ensure_topics(kafka_bootstrap, s.topic_partitions())
     return s

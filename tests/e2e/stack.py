@@ -27,6 +27,7 @@ class RunningStack:
     log: IO[str]
     database_url: str = ""
     bootstrap: str = ""
+    headers: dict[str, str] = field(default_factory=dict)  # the local API key
     output: list[str] = field(default_factory=list)
     descendants: list[psutil.Process] = field(default_factory=list)
 
@@ -70,6 +71,9 @@ def start_stack(
         if "sluicegate is up" in text:
             stack.database_url = re.search(r"database\s+(\S+)", text).group(1)
             stack.bootstrap = re.search(r"kafka\s+(\S+)", text).group(1)
+            # The stack made its own key for the default tenant, as a user's would.
+            key = (data_dir / "api_key").read_text().strip()
+            stack.headers = {"Authorization": f"Bearer {key}"}
             return stack
         if process.poll() is not None:
             break
@@ -81,11 +85,11 @@ def start_stack(
 
 
 def wait_terminal(
-    api_url: str, ids: list[str], timeout_s: float = 120
+    stack: RunningStack, ids: list[str], timeout_s: float = 120
 ) -> dict[str, dict[str, object]]:
     views: dict[str, dict[str, object]] = {}
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(base_url=api_url, timeout=10) as client:
+    with httpx.Client(base_url=stack.api_url, headers=stack.headers, timeout=10) as client:
         while time.monotonic() < deadline:
             for job_id in ids:
                 if job_id in views:

@@ -12,15 +12,15 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas import constants
 from sluicegate.samples import sample_documents
-from tests.e2e.stack import wait_terminal
+from tests.e2e.stack import RunningStack, wait_terminal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
-def submit(api_url: str, count: int) -> list[str]:
+def submit(stack: RunningStack, count: int) -> list[str]:
     docs = [text for _, text in sample_documents()]
     ids = []
-    with httpx.Client(base_url=api_url, timeout=10) as client:
+    with httpx.Client(base_url=stack.api_url, headers=stack.headers, timeout=10) as client:
         for i in range(count):
             response = client.post(
                 "/v1/jobs",
@@ -65,8 +65,8 @@ async def database_counts(url: str) -> tuple[Counter[str], int, int]:
 
 def test_fifty_jobs_end_to_end(stack_factory) -> None:
     stack = stack_factory(workers=2)
-    ids = submit(stack.api_url, 50)
-    views = wait_terminal(stack.api_url, ids)
+    ids = submit(stack, 50)
+    views = wait_terminal(stack, ids)
     assert {v["state"] for v in views.values()} == {"succeeded"}
     for view in views.values():
         result = view["result"]
@@ -90,9 +90,9 @@ def test_fifty_jobs_end_to_end(stack_factory) -> None:
 
 def test_accepted_job_survives_a_restart_of_up(stack_factory) -> None:
     first = stack_factory(workers=0)
-    ids = submit(first.api_url, 3)
+    ids = submit(first, 3)
     assert first.stop() == 0
 
     second = stack_factory(workers=1)
-    views = wait_terminal(second.api_url, ids)
+    views = wait_terminal(second, ids)
     assert {v["state"] for v in views.values()} == {"succeeded"}

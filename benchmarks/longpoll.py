@@ -1,0 +1,109 @@
+"""How soon a long-poll (``GET /v1/jobs/{id}?wait=``) answers after the terminal write.
+
+Jobs are submitted (no workers run), a request waits on each, and a terminal state is
+written straight into the table, the way a worker's result write commits. The latency is
+from the commit's return to the waiting request's answer: the trigger's NOTIFY, the API's
+listener, one read of the row. Two shapes: one waiter at a time, and many waiters woken by
+one statement. The API runs in-process (ASGI), on embedded PostgreSQL unless
+SLUICEGATE_BENCH_DATABASE_URL is set. Prints figures and writes docs/bench/longpoll.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import update
+
+from benchmarks.harness import Bench, percentile, pipeline, services
+from schemas.tables import jobs
+from sluicegate.db import make_engine
+
+OUT = Path("docs/bench/longpoll.json")
+SETTLE_S = 0.5
+DOC = "A long-poll answers when the job ends. " * 3
+
+
+async def submit(bench: Bench, count: int) -> list[str]:
+    ids = []
+    for _ in range(count):
+        r = await bench.client.post("/v1/jobs", json={"kind": "summarize", "input": DOC})
+        r.raise_for_status()
+        ids.append(r.json()["id"])
+    return ids
+
+
+async def wait_started(bench: Bench, count: int) -> None:
+    """Until ``count`` requests are registered as waiters and have had time to read their
+    job once (a write before that read is seen by the read itself, not by a wake-up)."""
+    waiters = bench.app.state.waiters
+    async with asyncio.timeout(30):
+        while len(waiters) < count:  # noqa: ASYNC110 (the registry has no event to await)
+            await asyncio.sleep(0.001)
+    await asyncio.sleep(SETTLE_S)
+
+
+async def trial(bench: Bench, db: Any, ids: list[str]) -> list[float]:
+    """Latencies (ms) from the commit of one UPDATE ending ``ids`` to each answer."""
+    answered: dict[str, float] = {}
+
+    async def poll(job_id: str) -> None:
+        r = await bench.client.get(f"/v1/jobs/{job_id}", params={"wait": 30})
+        answered[job_id] = time.perf_counter()
+        assert r.json()["state"] == "cancelled", r.text
+
+    tasks = [asyncio.create_task(poll(j)) for j in ids]
+    await wait_started(bench, len(ids))
+    async with db.begin() as conn:
+        await conn.execute(update(jobs).where(jobs.c.id.in_(ids)).values(state="cancelled"))
+    committed = time.perf_counter()
+    await asyncio.gather(*tasks)
+    return [(answered[j] - committed) * 1000 for j in ids]
+
+
+def figures(latencies_ms: list[float]) -> dict[str, float]:
+    return {
+        "count": len(latencies_ms),
+        "p50_ms": round(percentile(latencies_ms, 0.5), 2),
+        "p99_ms": round(percentile(latencies_ms, 0.99), 2),
+        "max_ms": round(max(latencies_ms), 2),
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    async with (
+        services() as (admin, bootstrap),
+        pipeline(admin, bootstrap, auth="tenant_header") as bench,
+    ):
+        db = make_engine(bench.settings.require_database_url(), pool_size=2)
+        try:
+            single: list[float] = []
+            for job_id in await submit(bench, args.single):
+                single += await trial(bench, db, [job_id])
+            together = await trial(bench, db, await submit(bench, args.together))
+        finally:
+            await db.dispose()
+    report = {
+        "one_waiter_at_a_time": figures(single),
+        f"{args.together}_waiters_woken_by_one_write": figures(together),
+    }
+    for name, row in report.items():
+        print(f"{name}: {row}")
+    return report
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--single", type=int, default=200, help="one-at-a-time trials")
+    parser.add_argument("--together", type=int, default=200, help="waiters woken at once")
+    report = asyncio.run(main(parser.parse_args()))
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    cli()
