@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers import errors, status
+from producers import deliveries, errors, status
 from producers.admission import AdmissionController, Policy
 from producers.flow import report_flow
 from producers.lag import KafkaLagSource, LagMonitor, LagSource
@@ -125,6 +125,7 @@ def create_app(
     app.state.auth = settings.auth
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     errors.install(app)
+    app.include_router(deliveries.router)
 
     def repo(request: Request) -> JobRepository:
         repository: JobRepository = request.app.state.repo

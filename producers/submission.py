@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from schemas.api import SubmitJob
 from schemas.errors import InvalidRequest, PayloadTooLarge
 from schemas.jobs import NewJob
+from schemas.webhooks import check_callback_url
 from sluicegate.settings import Settings
 
 
@@ -49,6 +50,8 @@ def new_job(
         raise InvalidRequest("input is blank", details=[{"loc": ["input"], "type": "blank"}])
     if body.max_tokens > settings.max_tokens_limit:
         raise MaxTokensTooLarge(f"max_tokens is over the limit of {settings.max_tokens_limit}")
+    if body.callback_url is not None:
+        check_callback_url(body.callback_url)
     if body.abandon_after_s is not None and body.abandon_after_s > settings.max_ttl_s:
         raise InvalidRequest(f"abandon_after_s is over the limit of {settings.max_ttl_s} s")
     if body.deadline is not None:

@@ -24,6 +24,7 @@ from sluicegate.settings import Settings
 from sluicegate.stack import Stack
 from workers.engines import sim_server
 from workers.service import build_sim_engine, run_worker
+from workers.webhooks import run_webhooks
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("relay", help="run the outbox relay")
     sub.add_parser("worker", help="run one worker")
+    sub.add_parser("webhooks", help="run the webhook dispatcher (signed deliveries, retries)")
     sub.add_parser("migrate", help="upgrade the database to the newest schema")
 
     keys = sub.add_parser("keys", help="make or revoke API keys (stored hashed)")
@@ -104,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
         run_until_signal(lambda stop: service.run_relay(settings, stop))
     elif command == "worker":
         run_until_signal(lambda stop: run_worker(settings, stop))
+    elif command == "webhooks":
+        run_until_signal(lambda stop: run_webhooks(settings, stop))
     elif command == "migrate":
         migrate.upgrade(settings.require_database_url())
     elif command == "keys":

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from platformdirs import user_data_path
-from pydantic import Field
+from pydantic import Field, IPvAnyNetwork, NonNegativeFloat
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import constants
@@ -139,6 +139,34 @@ class Settings(BaseSettings):
     vllm_max_model_len: int | None = Field(default=None, ge=1)
     vllm_block_size: int = Field(default=16, ge=1)
     vllm_max_num_seqs: int = Field(default=256, ge=1)
+
+    # Webhooks (workers/webhooks.py, docs/webhooks.md)
+    # The dispatcher's consumer group on the events topic (its faust app id).
+    webhook_group: str = "sluicegate-webhooks"
+    # Seconds before each attempt, the first one included; each wait is drawn uniformly
+    # from [0, step] (full jitter). After the last attempt the delivery is dead-lettered.
+    webhook_retry_schedule_s: Annotated[tuple[NonNegativeFloat, ...], Field(min_length=1)] = (
+        0.0,
+        5.0,
+        300.0,
+        1800.0,
+        7200.0,
+        18000.0,
+        36000.0,
+        36000.0,
+    )
+    # A Retry-After (429/503) is honoured up to this long.
+    webhook_retry_after_max_s: float = Field(default=36000.0, ge=0)
+    # One attempt, DNS, connect, TLS and response included.
+    webhook_timeout_s: float = Field(default=15.0, gt=0)
+    webhook_max_in_flight: int = Field(default=64, ge=1)
+    # Attempts in flight at once to one endpoint (one URL of one tenant), per dispatcher.
+    webhook_max_in_flight_per_endpoint: int = Field(default=4, ge=1)
+    # Addresses a callback may resolve to although they are loopback, private, link-local
+    # and so on (SSRF protection refuses those): CIDRs, e.g. ["10.1.0.0/16"]. Empty: none.
+    webhook_allow_networks: tuple[IPvAnyNetwork, ...] = ()
+    # The dispatcher's Kafka session timeout (a new member waits about half of it to join).
+    webhook_session_timeout_s: float = Field(default=10.0, ge=1)
 
     def topic_partitions(self) -> dict[str, int]:
         return {

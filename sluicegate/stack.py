@@ -93,6 +93,7 @@ class Stack:
         self._children = [
             Child("api", ["api"]),
             Child("relay", ["relay"]),
+            Child("webhooks", ["webhooks"]),
             *(Child(f"worker-{i + 1}", ["worker"]) for i in range(self.workers)),
         ]
         for child in self._children:

@@ -1,0 +1,201 @@
+"""The API's SQL for webhooks: a tenant's deliveries with their attempts, and its signing
+secrets. Every query is scoped to the tenant."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets as random_secrets
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from schemas.tables import dead_letters, webhook_attempts, webhook_deliveries, webhook_secrets
+from schemas.webhooks import (
+    DEAD_LETTER_SOURCE,
+    SECRET_PREFIX,
+    AttemptView,
+    DeliveryDetail,
+    DeliveryNotFound,
+    DeliveryState,
+    DeliveryView,
+    NewSecret,
+    SecretNotFound,
+    SecretView,
+)
+
+SECRET_BYTES = 32
+
+
+def new_secret() -> str:
+    """``whsec_`` and 32 random bytes in base64, as Standard Webhooks specifies."""
+    return SECRET_PREFIX + base64.b64encode(random_secrets.token_bytes(SECRET_BYTES)).decode()
+
+
+def _view(row: Mapping[Any, Any]) -> DeliveryView:
+    pending = row["state"] == DeliveryState.PENDING.value
+    return DeliveryView(
+        id=row["id"],
+        subject=row["subject"],
+        event_type=row["event_type"],
+        url=row["url"],
+        state=DeliveryState(row["state"]),
+        attempts=row["attempts"],
+        next_attempt_at=row["next_attempt_at"] if pending else None,
+        last_status=row["last_status"],
+        last_error=row["last_error"],
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+def _secret(row: Mapping[Any, Any], now: datetime) -> SecretView:
+    expires = row["expires_at"]
+    return SecretView(
+        id=row["id"],
+        created_at=row["created_at"],
+        expires_at=expires,
+        active=expires is None or expires > now,
+    )
+
+
+class WebhookStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def deliveries(
+        self,
+        tenant: str,
+        *,
+        state: DeliveryState | None,
+        subject: str | None,
+        after: str | None,
+        limit: int,
+    ) -> tuple[list[DeliveryView], bool]:
+        """The tenant's deliveries, oldest first (ids are time-ordered), after the id
+        ``after``; and whether more follow."""
+        query = select(webhook_deliveries).where(webhook_deliveries.c.tenant == tenant)
+        if state is not None:
+            query = query.where(webhook_deliveries.c.state == state.value)
+        if subject is not None:
+            query = query.where(webhook_deliveries.c.subject == subject)
+        if after is not None:
+            query = query.where(webhook_deliveries.c.id > after)
+        query = query.order_by(webhook_deliveries.c.id).limit(limit + 1)
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [_view(r) for r in rows[:limit]], len(rows) > limit
+
+    async def delivery(self, tenant: str, delivery_id: str) -> DeliveryDetail:
+        async with self._engine.connect() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        select(webhook_deliveries).where(
+                            webhook_deliveries.c.id == delivery_id,
+                            webhook_deliveries.c.tenant == tenant,
+                        )
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if row is None:
+                raise DeliveryNotFound(f"no webhook delivery {delivery_id}")
+            attempts = (
+                (
+                    await conn.execute(
+                        select(webhook_attempts)
+                        .where(webhook_attempts.c.delivery_id == delivery_id)
+                        .order_by(webhook_attempts.c.id)
+                    )
+                )
+                .mappings()
+                .all()
+            )
+            dead_reason = await conn.scalar(
+                select(dead_letters.c.reason)
+                .where(
+                    dead_letters.c.source == DEAD_LETTER_SOURCE,
+                    dead_letters.c.tenant == tenant,
+                    dead_letters.c.subject == delivery_id,
+                )
+                .order_by(dead_letters.c.id.desc())
+                .limit(1)
+            )
+        return DeliveryDetail(
+            **_view(row).model_dump(),
+            payload=json.loads(row["body"]),
+            attempt_log=[
+                AttemptView(
+                    attempt=a["attempt"],
+                    at=a["at"],
+                    status_code=a["status_code"],
+                    error=a["error"],
+                    duration_ms=a["duration_ms"],
+                )
+                for a in attempts
+            ],
+            dead_letter_reason=dead_reason,
+        )
+
+    async def create_secret(self, tenant: str) -> NewSecret:
+        secret = new_secret()
+        async with self._engine.begin() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        insert(webhook_secrets)
+                        .values(tenant=tenant, secret=secret)
+                        .returning(webhook_secrets, func.now().label("now"))
+                    )
+                )
+                .mappings()
+                .one()
+            )
+        return NewSecret(**_secret(row, row["now"]).model_dump(), secret=secret)
+
+    async def list_secrets(self, tenant: str) -> list[SecretView]:
+        async with self._engine.connect() as conn:
+            rows = (
+                (
+                    await conn.execute(
+                        select(webhook_secrets, func.now().label("now"))
+                        .where(webhook_secrets.c.tenant == tenant)
+                        .order_by(webhook_secrets.c.id)
+                    )
+                )
+                .mappings()
+                .all()
+            )
+        return [_secret(r, r["now"]) for r in rows]
+
+    async def expire_secret(self, tenant: str, secret_id: int, in_s: float) -> SecretView:
+        """Stop signing with the secret ``in_s`` seconds from now (sooner if it was already
+        due to expire sooner)."""
+        when = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, in_s)
+        async with self._engine.begin() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        update(webhook_secrets)
+                        .where(
+                            webhook_secrets.c.id == secret_id, webhook_secrets.c.tenant == tenant
+                        )
+                        .values(
+                            expires_at=func.least(
+                                func.coalesce(webhook_secrets.c.expires_at, when), when
+                            )
+                        )
+                        .returning(webhook_secrets, func.now().label("now"))
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise SecretNotFound(f"no webhook secret {secret_id}")
+        return _secret(row, row["now"])
