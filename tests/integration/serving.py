@@ -8,14 +8,29 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from producers.api import create_app
+from sluicegate.settings import Settings
 
 
 async def until(check: Callable[[], bool], within_s: float = 5.0) -> None:
     async with asyncio.timeout(within_s):
         while not check():
             await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def serve(settings: Settings, db: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
+    """The API app, started (lifespan included), behind an in-process client."""
+    app = create_app(settings, engine=db)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://sg") as client:
+            yield client
 
 
 @contextlib.asynccontextmanager

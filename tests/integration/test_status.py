@@ -12,28 +12,17 @@ import pytest
 from sqlalchemy import event, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers.api import create_app
 from schemas.tables import jobs
-from sluicegate.db import make_engine
 from sluicegate.settings import Settings
+from tests.integration.serving import serve
 
 DOC = "Status answers say when to look again. " * 4
 
 
 @pytest.fixture
-async def db(settings: Settings) -> AsyncIterator[AsyncEngine]:
-    engine = make_engine(settings.require_database_url(), pool_size=4)
-    yield engine
-    await engine.dispose()
-
-
-@pytest.fixture
 async def api(settings: Settings, db: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, engine=db)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://sg") as client:
-            yield client
+    async with serve(settings, db) as client:
+        yield client
 
 
 async def submit(api: httpx.AsyncClient, tenant: str = "default", **extra: Any) -> str:

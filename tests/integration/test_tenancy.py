@@ -10,30 +10,19 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers.api import create_app
 from producers.tenancy import KeyStore, hash_key, key_id
 from schemas.tables import api_keys
-from sluicegate.db import make_engine
 from sluicegate.settings import Settings
+from tests.integration.serving import serve
 
 JOB = {"kind": "summarize", "input": "Keys scope every read and write.", "ttl_s": 600}
 
 
 @pytest.fixture
-async def db(settings: Settings) -> AsyncIterator[AsyncEngine]:
-    engine = make_engine(settings.require_database_url(), pool_size=2)
-    yield engine
-    await engine.dispose()
-
-
-@pytest.fixture
 async def api(settings: Settings, db: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
     keyed = settings.model_copy(update={"auth": "api_key", "api_key_cache_s": 0})
-    app = create_app(keyed, engine=db)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://sg") as client:
-            yield client
+    async with serve(keyed, db) as client:
+        yield client
 
 
 def bearer(key: str) -> dict[str, str]:
