@@ -20,6 +20,7 @@ from typing import Literal
 from producers.lag import LagMonitor, LagSnapshot
 from producers.metrics import ADMISSIONS, BLOCKED
 from producers.ratelimit import TenantLimits
+from schemas.batches import BatchTooLarge
 from schemas.errors import SluicegateError
 from schemas.jobs import Priority
 from sluicegate.settings import Settings
@@ -113,13 +114,13 @@ class AdmissionController:
     def blocked(self) -> int:
         return self._blocked
 
-    def settled(self) -> None:
-        """The admitted job is committed: lag readings from now on include it."""
-        self._settled += 1
+    def settled(self, jobs: int = 1) -> None:
+        """The admitted jobs are committed: lag readings from now on include them."""
+        self._settled += jobs
 
-    def withdrawn(self) -> None:
+    def withdrawn(self, jobs: int = 1) -> None:
         """The admitted request stored no new job (it failed, or was an idempotent replay)."""
-        self._admitted -= 1
+        self._admitted -= jobs
 
     async def admit(
         self,
@@ -140,6 +141,73 @@ class AdmissionController:
         outcome = "blocked_then_accepted" if admitted.blocked_s > 0 else "accepted"
         ADMISSIONS.labels(outcome=outcome, reason="ok").inc()
         return admitted
+
+    def admit_batch(
+        self,
+        *,
+        tenant: str,
+        priority: Priority,
+        jobs: int,
+        tokens: int,
+        max_tokens: int,
+        deadline: datetime,
+        now: datetime,
+    ) -> None:
+        """Admit a batch whole or refuse it whole; it never waits. Its jobs must fit under
+        the refusal threshold of its priority on top of the lag (so the lag stays bounded
+        whatever the batch), its last job must be able to end by the deadline at the
+        measured drain rate, and the tenant's limits must take it in one go (one request,
+        all its tokens)."""
+        try:
+            self._admit_batch(tenant, priority, jobs, tokens, max_tokens, deadline, now)
+        except Refused as refused:
+            ADMISSIONS.labels(outcome="rejected", reason=refused.reason).inc()
+            raise
+        self._admitted += jobs
+        ADMISSIONS.labels(outcome="accepted", reason="ok").inc()
+
+    def _admit_batch(
+        self,
+        tenant: str,
+        priority: Priority,
+        jobs: int,
+        tokens: int,
+        max_tokens: int,
+        deadline: datetime,
+        now: datetime,
+    ) -> None:
+        refuse_from = self._policy.thresholds(priority)[1]
+        if jobs > refuse_from:
+            raise BatchTooLarge(
+                f"a {priority.value} batch holds at most {refuse_from} jobs (the lag at which "
+                f"its priority is refused), not {jobs}: split it"
+            )
+        lag = self._known()
+        refused = self._limits.try_take(tenant, tokens, time.monotonic())
+        if refused is not None:
+            reason, wait_s = refused
+            if math.isinf(wait_s):
+                raise BatchTooLarge(f"the batch's {tokens} tokens are over the tenant's TPM limit")
+            raise Refused(
+                reason,
+                f"tenant {tenant} is over its {reason.removeprefix('tenant_').upper()} limit",
+                retry_after_s=self._clamp(wait_s),
+                lag=lag.lag,
+            )
+        try:
+            self._check_deadline(lag, max_tokens, deadline, now, ahead=jobs - 1)
+            if lag.lag + jobs > refuse_from:
+                drain = lag.drain_time_s(lag.lag + jobs - refuse_from)
+                raise Refused(
+                    "lag_hard",
+                    f"the batch's {jobs} jobs on top of a lag of {lag.lag} would pass "
+                    f"{refuse_from}",
+                    retry_after_s=self._clamp(self._policy.retry_max_s if drain is None else drain),
+                    lag=lag.lag,
+                )
+        except Refused:
+            self._limits.give_back(tenant, tokens)
+            raise
 
     async def _admit(
         self,
@@ -188,11 +256,18 @@ class AdmissionController:
         self._running = count
 
     def _check_deadline(
-        self, lag: LagSnapshot, max_tokens: int, deadline: datetime, now: datetime
+        self,
+        lag: LagSnapshot,
+        max_tokens: int,
+        deadline: datetime,
+        now: datetime,
+        *,
+        ahead: int = 0,
     ) -> None:
+        """``ahead``: jobs of the same request queued before the last one (a batch)."""
         if not self._policy.deadline_aware:
             return
-        wait_s = lag.drain_time_s(max(0, lag.lag - self._running))
+        wait_s = lag.drain_time_s(max(0, lag.lag - self._running) + ahead)
         if wait_s is None:
             return  # no drain measured yet: no prediction to refuse on
         service_s = max_tokens * self._policy.token_time_s

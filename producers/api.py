@@ -14,8 +14,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers import deliveries, errors, status
+from producers import batches, deliveries, errors, status
 from producers.admission import AdmissionController, Policy
+from producers.batch_repository import BatchStore
 from producers.flow import report_flow
 from producers.lag import KafkaLagSource, LagMonitor, LagSource
 from producers.limits import BodyLimit
@@ -86,6 +87,9 @@ def create_app(
             source, interval_s=settings.lag_interval_s, stale_after_s=settings.lag_stale_after_s
         )
         app.state.repo = repo
+        app.state.batches = BatchStore(
+            db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic
+        )
         app.state.keys = KeyStore(db, cache_s=settings.api_key_cache_s)
         app.state.admission = AdmissionController(
             Policy.of(settings),
@@ -123,8 +127,14 @@ def create_app(
 
     app = FastAPI(title="Sluicegate", version="0.1.0", lifespan=lifespan)
     app.state.auth = settings.auth
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.state.settings = settings
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        paths={"/v1/batches": settings.max_batch_bytes},
+    )
     errors.install(app)
+    app.include_router(batches.router)
     app.include_router(deliveries.router)
 
     def repo(request: Request) -> JobRepository:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,7 @@ import httpx
 
 from schemas import constants
 from schemas.api import JobView, SubmitResponse
+from schemas.batches import BatchView
 from schemas.jobs import JobKind, Priority
 
 
@@ -160,7 +162,53 @@ class SluicegateClient:
         response = await self._post_retrying("/v1/jobs", body)
         return SubmitResponse.model_validate_json(response.content)
 
-    async def _post_retrying(self, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def create_batch(
+        self,
+        requests: list[dict[str, Any]],
+        *,
+        completion_window: str = "24h",
+        metadata: dict[str, str] | None = None,
+        callback_url: str | None = None,
+        priority: Priority = Priority.NORMAL,
+        idempotency_key: str | None = None,
+    ) -> BatchView:
+        """Submit OpenAI Batch request lines as one batch (admitted or refused whole)."""
+        body: dict[str, Any] = {
+            "requests": requests,
+            "completion_window": completion_window,
+            "priority": priority.value,
+        }
+        if metadata is not None:
+            body["metadata"] = metadata
+        if callback_url is not None:
+            body["callback_url"] = callback_url
+        headers = {constants.HEADER_IDEMPOTENCY_KEY: idempotency_key} if idempotency_key else {}
+        response = await self._post_retrying("/v1/batches", body, headers=headers)
+        return BatchView.model_validate_json(response.content)
+
+    async def get_batch(self, batch_id: str) -> BatchView:
+        response = await self._http.get(f"/v1/batches/{batch_id}")
+        _raise_for(response)
+        return BatchView.model_validate_json(response.content)
+
+    async def cancel_batch(self, batch_id: str) -> BatchView:
+        response = await self._http.post(f"/v1/batches/{batch_id}/cancel")
+        _raise_for(response)
+        return BatchView.model_validate_json(response.content)
+
+    async def batch_results(
+        self, batch_id: str, *, after: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The batch's output lines in submission order, after the job ``after``, up to
+        the first request not ended yet."""
+        params = {"after": after} if after else {}
+        response = await self._http.get(f"/v1/batches/{batch_id}/results", params=params)
+        _raise_for(response)
+        return [json.loads(line) for line in response.text.splitlines() if line.strip()]
+
+    async def _post_retrying(
+        self, path: str, body: dict[str, Any], *, headers: dict[str, str] | None = None
+    ) -> httpx.Response:
         """POST, retrying refusals as the policy allows (the body carries its own
         idempotency key where the caller gave one, so a retry cannot make a second job)."""
         retry = self._retry
@@ -168,7 +216,7 @@ class SluicegateClient:
         if retry is not None:
             retry.deposit()
         while True:
-            response = await self._http.post(path, json=body)
+            response = await self._http.post(path, json=body, headers=headers)
             try:
                 _raise_for(response)
             except ApiError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -16,16 +17,21 @@ def _error(code: str, message: str) -> bytes:
 
 
 class BodyLimit:
-    """Refuse a body over ``max_bytes`` with 413: by Content-Length, or while streaming."""
+    """Refuse a body over ``max_bytes`` (or over the limit of its path in ``paths``) with
+    413: by Content-Length, or while streaming."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_bytes: int, paths: Mapping[str, int] | None = None
+    ) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.default_bytes = max_bytes
+        self.paths = dict(paths or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.paths.get(scope["path"], self.default_bytes)
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
@@ -33,8 +39,8 @@ class BodyLimit:
                 except ValueError:
                     await _respond(send, 400, "invalid_request", "bad Content-Length")
                     return
-                if declared > self.max_bytes:
-                    await _respond(send, 413, "payload_too_large", self._message())
+                if declared > limit:
+                    await _respond(send, 413, "payload_too_large", _message(limit))
                     return
         seen = 0
         started = False
@@ -44,7 +50,7 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     raise BodyTooLarge
             return message
 
@@ -58,10 +64,11 @@ class BodyLimit:
             await self.app(scope, limited_receive, tracking_send)
         except BodyTooLarge:
             if not started:
-                await _respond(send, 413, "payload_too_large", self._message())
+                await _respond(send, 413, "payload_too_large", _message(limit))
 
-    def _message(self) -> str:
-        return f"request body is over the limit of {self.max_bytes} bytes"
+
+def _message(limit: int) -> str:
+    return f"request body is over the limit of {limit} bytes"
 
 
 async def _respond(send: Send, status: int, code: str, message: str) -> None:

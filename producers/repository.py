@@ -210,18 +210,7 @@ class JobRepository:
 
     async def _event(self, conn: AsyncConnection, job: Job, at: datetime, code: str) -> None:
         """The job's state change, to the events topic through the outbox."""
-        event = JobEvent(
-            job_id=job.id,
-            tenant=job.tenant,
-            state=job.state,
-            attempt=job.attempt,
-            at=at,
-            callback_url=job.callback_url,
-            error_code=code,
-        )
-        await conn.execute(
-            insert(outbox).values(topic=self._events_topic, key=job.id, payload=event.to_bytes())
-        )
+        await conn.execute(insert(outbox).values(event_row(self._events_topic, job, at, code)))
 
     async def cancel(self, tenant: str, job_id: str) -> Job:
         """Move a non-terminal job to ``cancelled``; a terminal one is a conflict."""
@@ -367,6 +356,20 @@ class JobRepository:
                 ],
             )
         return len(rows)
+
+
+def event_row(topic: str, job: Job, at: datetime, code: str) -> dict[str, object]:
+    """The outbox row announcing a job's state change on the events topic."""
+    event = JobEvent(
+        job_id=job.id,
+        tenant=job.tenant,
+        state=job.state,
+        attempt=job.attempt,
+        at=at,
+        callback_url=job.callback_url,
+        error_code=code,
+    )
+    return {"topic": topic, "key": job.id, "payload": event.to_bytes()}
 
 
 def _owned(tenant: str, job_id: str) -> ColumnElement[bool]:

@@ -84,7 +84,15 @@ jobs = Table(
         postgresql_where=text("idempotency_key IS NOT NULL"),
     ),
     Index("ix_jobs_state", "state"),
-    Index("uq_jobs_batch_id_custom_id", "batch_id", "custom_id", unique=True),
+    # A batch's jobs: custom_ids unique within it, and its results read in submission order.
+    Index(
+        "uq_jobs_batch_id_custom_id",
+        "batch_id",
+        "custom_id",
+        unique=True,
+        postgresql_where=text("batch_id IS NOT NULL"),
+    ),
+    Index("ix_jobs_batch_id_id", "batch_id", "id", postgresql_where=text("batch_id IS NOT NULL")),
     Index("ix_jobs_tenant_id", "tenant", "id"),
 )
 

@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    # POST /v1/batches (a JSON list or a JSONL upload): its own body limit, and how many
+    # requests a batch may hold (lag_hard bounds it too: a batch fits under it whole).
+    max_batch_bytes: int = Field(default=128 * 1_048_576, ge=1024)
+    max_batch_requests: int = Field(default=50_000, ge=1)
     max_input_bytes: int = Field(default=262_144, ge=1)
     max_tokens_limit: int = Field(default=8192, ge=1)
     default_ttl_s: float = Field(default=3600.0, gt=0)

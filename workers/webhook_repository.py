@@ -29,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from schemas.batches import batch_status
 from schemas.states import TERMINAL_STATES, JobState
 from schemas.tables import (
     batches,
@@ -454,14 +455,7 @@ def _job_payload(job: Mapping[Any, Any]) -> WebhookPayload:
 def _batch_payload(
     batch: Mapping[Any, Any], counts: dict[str, int], finished: datetime | None
 ) -> WebhookPayload:
-    if batch["status"] in ("completed", "expired", "cancelled"):
-        status = batch["status"]
-    elif batch["cancelled_at"] is not None:
-        status = "cancelled"
-    elif counts.get(JobState.EXPIRED.value):
-        status = "expired"
-    else:
-        status = "completed"
+    status = batch_status(batch["cancelled_at"], counts, batch["total"])
     data = BatchData(
         id=str(batch["id"]),
         status=status,

@@ -72,7 +72,19 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("batch_id", postgresql.UUID(as_uuid=False), nullable=True))
     op.add_column("jobs", sa.Column("custom_id", sa.Text(), nullable=True))
     op.create_foreign_key(op.f("fk_jobs_batch_id_batches"), "jobs", "batches", ["batch_id"], ["id"])
-    op.create_index("uq_jobs_batch_id_custom_id", "jobs", ["batch_id", "custom_id"], unique=True)
+    op.create_index(
+        "uq_jobs_batch_id_custom_id",
+        "jobs",
+        ["batch_id", "custom_id"],
+        unique=True,
+        postgresql_where=sa.text("batch_id IS NOT NULL"),
+    )
+    op.create_index(
+        "ix_jobs_batch_id_id",
+        "jobs",
+        ["batch_id", "id"],
+        postgresql_where=sa.text("batch_id IS NOT NULL"),
+    )
     op.create_index("ix_jobs_tenant_id", "jobs", ["tenant", "id"])
     op.create_table(
         "webhook_deliveries",
@@ -148,6 +160,7 @@ def downgrade() -> None:
     op.drop_table("webhook_attempts")
     op.drop_table("webhook_deliveries")
     op.drop_index("ix_jobs_tenant_id", table_name="jobs")
+    op.drop_index("ix_jobs_batch_id_id", table_name="jobs")
     op.drop_index("uq_jobs_batch_id_custom_id", table_name="jobs")
     op.drop_constraint(op.f("fk_jobs_batch_id_batches"), "jobs", type_="foreignkey")
     op.drop_column("jobs", "custom_id")

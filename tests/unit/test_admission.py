@@ -11,6 +11,7 @@ import pytest
 from producers.admission import AdmissionController, Policy, Refused
 from producers.lag import LagMonitor
 from producers.ratelimit import TenantLimits
+from schemas.batches import BatchTooLarge
 from schemas.jobs import Priority
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -232,3 +233,61 @@ async def test_a_burst_inside_one_reading_is_counted_at_once() -> None:
     results = await asyncio.gather(*(admit(c) for _ in range(10)), return_exceptions=True)
     assert sum(1 for r in results if r == 0.0) == 5
     assert {r.reason for r in results if isinstance(r, Refused)} == {"lag_hard"}
+
+
+def admit_batch(
+    c: AdmissionController,
+    jobs: int,
+    *,
+    priority: Priority = Priority.NORMAL,
+    ttl_s: float = 3600,
+    tokens: int = 20,
+) -> None:
+    c.admit_batch(
+        tenant="t",
+        priority=priority,
+        jobs=jobs,
+        tokens=tokens * jobs,
+        max_tokens=10,
+        deadline=NOW + timedelta(seconds=ttl_s),
+        now=NOW,
+    )
+
+
+async def test_a_batch_fits_under_hard_whole_or_is_refused_whole() -> None:
+    admit_batch(controller(150), 50)  # 150 + 50 = hard: still fits
+    with pytest.raises(Refused) as caught:
+        admit_batch(controller(150), 51)
+    assert caught.value.reason == "lag_hard"
+    assert caught.value.retry_after_s == pytest.approx(0.5)  # 1 job over, at 10/s: the floor
+    with pytest.raises(Refused) as caught:
+        admit_batch(controller(60), 50, priority=Priority.LOW)  # low is refused at soft
+    assert caught.value.reason == "lag_hard"
+    # Admitted batches count at once, before any reading includes them.
+    c = controller(0)
+    admit_batch(c, 150)
+    with pytest.raises(Refused):
+        admit_batch(c, 51)
+
+
+async def test_a_batch_that_can_never_fit_is_too_large() -> None:
+    with pytest.raises(BatchTooLarge):
+        admit_batch(controller(0), 201)
+    with pytest.raises(BatchTooLarge):
+        admit_batch(controller(0, tpm=1000), 10, tokens=101)  # 1010 tokens > the bucket
+
+
+async def test_a_batch_whose_last_job_would_miss_the_deadline_is_refused() -> None:
+    # 50 ahead plus 99 of its own at 10/s is 14.9 s of queue, plus 0.1 s of service.
+    with pytest.raises(Refused) as caught:
+        admit_batch(controller(50), 100, ttl_s=14.5)
+    assert caught.value.reason == "deadline_unreachable"
+    admit_batch(controller(50), 100, ttl_s=15.5)
+
+
+async def test_a_refused_batch_gives_back_the_tenant_budget() -> None:
+    c = controller(190, tpm=1000)
+    with pytest.raises(Refused):
+        admit_batch(c, 20, tokens=40)  # 800 tokens taken, then refused on lag
+    c._monitor, _ = monitor_at(0)
+    admit_batch(c, 20, tokens=40)

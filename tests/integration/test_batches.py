@@ -1,0 +1,288 @@
+"""Batches over the API on the real database: the three input forms, whole-batch refusal,
+idempotency, one-statement writes, results in the OpenAI output shape, cancel, tenancy."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import event, func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from schemas.tables import batches, jobs, outbox
+from sluicegate.settings import Settings
+from tests.integration.serving import serve
+
+TENANT = {"X-Sluicegate-Tenant": "acme"}
+
+
+def chat(
+    custom_id: str, text: str = "Summarize: the sluice gate holds the water."
+) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "any",
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 32,
+        },
+    }
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+@pytest.fixture
+async def api(settings: Settings, db: AsyncEngine) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve(settings.model_copy(update={"lag_hard": 10}), db) as client:
+        yield client
+
+
+async def create(api: httpx.AsyncClient, n: int, **extra: Any) -> dict[str, Any]:
+    body = {"requests": [chat(f"r{i}") for i in range(n)], "completion_window": "30m", **extra}
+    r = await api.post("/v1/batches", json=body, headers=TENANT)
+    assert r.status_code == 201, r.text
+    batch: dict[str, Any] = r.json()
+    return batch
+
+
+async def count(db: AsyncEngine, table: Any) -> int:
+    async with db.connect() as conn:
+        return int(await conn.scalar(select(func.count()).select_from(table)) or 0)
+
+
+async def test_a_json_batch_is_stored_whole_in_one_statement(
+    api: httpx.AsyncClient, db: AsyncEngine
+) -> None:
+    writes: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "INSERT" in statement.upper():
+            writes.append(statement)
+
+    event.listen(db.sync_engine, "before_cursor_execute", seen)
+    try:
+        before = datetime.now(UTC)
+        batch = await create(api, 3, metadata={"run": "nightly"})
+    finally:
+        event.remove(db.sync_engine, "before_cursor_execute", seen)
+    assert len(writes) == 1  # the batch, its jobs and their dispatch records
+    assert batch["object"] == "batch"
+    assert batch["status"] == "in_progress"
+    assert batch["endpoint"] == "/v1/chat/completions"
+    assert batch["request_counts"] == {"total": 3, "completed": 0, "failed": 0}
+    assert batch["counts"] == {"queued": 3}
+    assert batch["metadata"] == {"run": "nightly"}
+    assert abs(batch["expires_at"] - (before.timestamp() + 1800)) < 5
+    async with db.connect() as conn:
+        rows = (
+            await conn.execute(
+                select(jobs.c.custom_id, jobs.c.kind, jobs.c.input, jobs.c.max_tokens)
+                .where(jobs.c.batch_id == batch["id"])
+                .order_by(jobs.c.id)
+            )
+        ).all()
+    assert [r.custom_id for r in rows] == ["r0", "r1", "r2"]
+    assert {r.kind for r in rows} == {"complete"}
+    assert rows[0].input.startswith("user: Summarize")
+    assert {r.max_tokens for r in rows} == {32}
+    assert await count(db, outbox) == 3
+
+
+async def test_jsonl_upload_and_raw_jsonl(api: httpx.AsyncClient) -> None:
+    lines = [chat("a"), chat("b")]
+    r = await api.post(
+        "/v1/batches",
+        files={"file": ("input.jsonl", jsonl(lines), "application/jsonl")},
+        data={"completion_window": "1h", "metadata": '{"k": "v"}'},
+        headers=TENANT,
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["completion_window"] == "1h"
+    assert r.json()["metadata"] == {"k": "v"}
+    assert r.json()["request_counts"]["total"] == 2
+    r = await api.post(
+        "/v1/batches?completion_window=2h",
+        content=jsonl(lines),
+        headers={**TENANT, "Content-Type": "application/x-ndjson"},
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["completion_window"] == "2h"
+
+
+async def test_a_bad_line_refuses_the_whole_batch(api: httpx.AsyncClient, db: AsyncEngine) -> None:
+    bad_url = {**chat("c"), "url": "/v1/embeddings"}
+    blank = {**chat("d"), "body": {"messages": []}}
+    lines = [chat("a"), bad_url, chat("a"), blank, {"custom_id": "e"}]
+    r = await api.post("/v1/batches", json={"requests": lines}, headers=TENANT)
+    assert r.status_code == 422
+    error = r.json()["error"]
+    assert error["code"] == "invalid_batch"
+    assert [(d["line"], d["code"]) for d in error["details"]] == [
+        (2, "invalid_request"),
+        (3, "duplicate_custom_id"),
+        (4, "invalid_request"),
+        (5, "invalid_request"),
+    ]
+    mixed = [chat("a"), {**chat("b"), "url": "/v1/completions", "body": {"prompt": "x"}}]
+    r = await api.post("/v1/batches", json={"requests": mixed}, headers=TENANT)
+    assert r.json()["error"]["details"][0]["code"] == "mixed_urls"
+    r = await api.post(
+        "/v1/batches",
+        content=b'{"custom_id": "a"}\nnot json\n',
+        headers={**TENANT, "Content-Type": "application/jsonl"},
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "invalid_jsonl"
+    assert r.json()["error"]["details"] == [{"line": 2}]
+    r = await api.post(
+        "/v1/batches", json={"requests": [chat("a")], "completion_window": "soon"}, headers=TENANT
+    )
+    assert r.json()["error"]["code"] == "invalid_completion_window"
+    r = await api.post("/v1/batches", content=b"x", headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415
+    assert r.json()["error"]["code"] == "unsupported_media_type"
+    assert await count(db, batches) == 0
+    assert await count(db, jobs) == 0
+    assert await count(db, outbox) == 0
+
+
+async def test_admitted_whole_or_refused_whole(api: httpx.AsyncClient, db: AsyncEngine) -> None:
+    # lag_hard is 10: a batch of 11 can never fit, one of 6 fits, then 5 more do not.
+    r = await api.post("/v1/batches", json={"requests": [chat(f"r{i}") for i in range(11)]})
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "batch_too_large"
+    await create(api, 6)
+    r = await api.post(
+        "/v1/batches", json={"requests": [chat(f"r{i}") for i in range(5)]}, headers=TENANT
+    )
+    assert r.status_code == 429
+    assert r.json()["error"]["code"] == "lag_hard"
+    assert int(r.headers["Retry-After"]) >= 1
+    assert await count(db, jobs) == 6
+    await create(api, 4)  # exactly up to the threshold
+    assert await count(db, jobs) == 10
+
+
+async def test_idempotent_replay(api: httpx.AsyncClient, db: AsyncEngine) -> None:
+    body = {"requests": [chat("a"), chat("b")]}
+    key = {**TENANT, "Idempotency-Key": "nightly-42"}
+    first = await api.post("/v1/batches", json=body, headers=key)
+    again = await api.post("/v1/batches", json=body, headers=key)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    assert await count(db, jobs) == 2
+    other = await api.post("/v1/batches", json={"requests": [chat("c")]}, headers=key)
+    assert other.status_code == 409
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+
+
+async def finish(db: AsyncEngine, batch_id: str, custom_ids: list[str]) -> None:
+    """What a worker writes for a succeeded job."""
+    async with db.begin() as conn:
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.batch_id == batch_id, jobs.c.custom_id.in_(custom_ids))
+            .values(
+                state="succeeded",
+                finished_at=func.now(),
+                decoded_tokens=5,
+                result={
+                    "text": "Gates hold.",
+                    "engine": "sim",
+                    "prompt_tokens": 12,
+                    "output_tokens": 5,
+                },
+            )
+        )
+
+
+async def results(api: httpx.AsyncClient, batch_id: str, **params: str) -> list[dict[str, Any]]:
+    r = await api.get(f"/v1/batches/{batch_id}/results", params=params, headers=TENANT)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/jsonl")
+    return [json.loads(line) for line in r.text.splitlines()]
+
+
+async def test_results_follow_submission_order_up_to_the_first_unfinished(
+    api: httpx.AsyncClient, db: AsyncEngine
+) -> None:
+    batch = await create(api, 4)
+    assert await results(api, batch["id"]) == []
+    await finish(db, batch["id"], ["r0", "r2"])
+    got = await results(api, batch["id"])
+    assert [line["custom_id"] for line in got] == ["r0"]  # r1 has not ended: stop there
+    line = got[0]
+    assert line["id"] == f"batch_req_{line['sluicegate']['job_id']}"
+    assert line["error"] is None
+    assert line["response"]["status_code"] == 200
+    body = line["response"]["body"]
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Gates hold."}
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
+    assert line["sluicegate"]["state"] == "succeeded"
+
+    await finish(db, batch["id"], ["r1"])
+    rest = await results(api, batch["id"], after=line["sluicegate"]["job_id"])
+    assert [x["custom_id"] for x in rest] == ["r1", "r2"]
+
+    view = (await api.post(f"/v1/batches/{batch['id']}/cancel", headers=TENANT)).json()
+    assert view["status"] == "cancelled"  # r3 was the last one running
+    assert view["counts"] == {"succeeded": 3, "cancelled": 1}
+    assert view["request_counts"] == {"total": 4, "completed": 3, "failed": 1}
+    everything = await results(api, batch["id"])
+    assert [x["custom_id"] for x in everything] == ["r0", "r1", "r2", "r3"]
+    assert everything[3]["response"] is None
+    assert everything[3]["error"]["code"] == "cancelled"
+    assert everything[3]["sluicegate"]["state"] == "cancelled"
+
+
+async def test_cancel_ends_every_unfinished_job_with_its_event(
+    api: httpx.AsyncClient, db: AsyncEngine
+) -> None:
+    batch = await create(api, 3)
+    await finish(db, batch["id"], ["r0"])
+    r = await api.post(f"/v1/batches/{batch['id']}/cancel", headers=TENANT)
+    assert r.status_code == 200
+    assert r.json()["counts"] == {"succeeded": 1, "cancelled": 2}
+    assert r.json()["cancelled_at"] is not None
+    async with db.connect() as conn:
+        events = await conn.scalar(
+            select(func.count()).select_from(outbox).where(outbox.c.topic.like("%events%"))
+        )
+    assert events == 2
+    again = await api.post(f"/v1/batches/{batch['id']}/cancel", headers=TENANT)
+    assert again.status_code == 200
+    done = await create(api, 1)
+    await finish(db, done["id"], ["r0"])
+    r = await api.post(f"/v1/batches/{done['id']}/cancel", headers=TENANT)
+    assert r.status_code == 409
+    assert r.json()["error"]["code"] == "batch_terminal"
+
+
+async def test_another_tenants_batch_is_404(api: httpx.AsyncClient) -> None:
+    batch = await create(api, 1)
+    other = {"X-Sluicegate-Tenant": "globex"}
+    for method, path in [
+        ("GET", f"/v1/batches/{batch['id']}"),
+        ("GET", f"/v1/batches/{batch['id']}/results"),
+        ("POST", f"/v1/batches/{batch['id']}/cancel"),
+        ("GET", "/v1/batches/not-a-uuid"),
+    ]:
+        r = await api.request(method, path, headers=other)
+        assert r.status_code == 404, path
+        assert r.json()["error"]["code"] == "batch_not_found"
+    assert (await api.get("/v1/batches", headers=other)).json()["data"] == []
+    mine = (await api.get("/v1/batches", headers=TENANT)).json()["data"]
+    assert [b["id"] for b in mine] == [batch["id"]]
+    r = await api.get("/v1/jobs", params={"batch_id": batch["id"]}, headers=other)
+    assert r.json()["data"] == []

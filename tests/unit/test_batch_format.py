@@ -1,0 +1,134 @@
+"""The OpenAI Batch format: completion windows, request lines, batch status, output lines."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from schemas.batches import (
+    InvalidCompletionWindow,
+    RequestLine,
+    batch_status,
+    line_job,
+    result_line,
+    window_seconds,
+)
+from schemas.jobs import Job, JobKind, Priority
+from schemas.states import JobState
+
+AT = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("window", "seconds"),
+    [("24h", 86400), ("30m", 1800), ("1h30m", 5400), ("2d", 172800), ("90s", 90)],
+)
+def test_windows(window: str, seconds: float) -> None:
+    assert window_seconds(window) == seconds
+
+
+@pytest.mark.parametrize("window", ["", "soon", "0h", "24", "h", "1.5h", "30m1h"])
+def test_bad_windows(window: str) -> None:
+    with pytest.raises(InvalidCompletionWindow):
+        window_seconds(window)
+
+
+def line(url: str, body: dict[str, object]) -> RequestLine:
+    return RequestLine(custom_id="c", method="POST", url=url, body=body)
+
+
+def test_each_url_becomes_a_job() -> None:
+    assert line_job(line("/v1/jobs", {"kind": "complete", "input": "hi", "max_tokens": 5})) == (
+        JobKind.COMPLETE,
+        "hi",
+        5,
+    )
+    assert line_job(line("/v1/summarize", {"input": "doc"})) == (JobKind.SUMMARIZE, "doc", 256)
+    completion = {"model": "m", "prompt": "Once", "max_tokens": 7, "temperature": 0}
+    assert line_job(line("/v1/completions", completion)) == (JobKind.COMPLETE, "Once", 7)
+    chat = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Sum up"}]},
+        ],
+        "max_completion_tokens": 9,
+    }
+    assert line_job(line("/v1/chat/completions", chat)) == (
+        JobKind.COMPLETE,
+        "system: Be brief.\n\nuser: Sum up",
+        9,
+    )
+
+
+def test_bad_lines_are_refused() -> None:
+    with pytest.raises(ValueError, match="not one of"):
+        line_job(line("/v1/embeddings", {"input": "x"}))
+    with pytest.raises(ValidationError):
+        line_job(line("/v1/jobs", {"input": "x", "deadline": "tomorrow"}))
+    with pytest.raises(ValidationError):
+        line_job(line("/v1/chat/completions", {"messages": []}))
+    with pytest.raises(ValidationError):
+        RequestLine.model_validate(
+            {"custom_id": "c", "method": "GET", "url": "/v1/jobs", "body": {}}
+        )
+
+
+def test_status_follows_the_jobs() -> None:
+    assert batch_status(None, {"queued": 2, "succeeded": 1}, 3) == "in_progress"
+    assert batch_status(AT, {"running": 1, "cancelled": 2}, 3) == "cancelling"
+    assert batch_status(None, {"succeeded": 2, "failed": 1}, 3) == "completed"
+    assert batch_status(None, {"succeeded": 2, "expired": 1}, 3) == "expired"
+    assert batch_status(AT, {"succeeded": 2, "cancelled": 1}, 3) == "cancelled"
+
+
+def job(state: JobState, **extra: object) -> Job:
+    fields: dict[str, object] = {
+        "id": "0195",
+        "tenant": "t",
+        "kind": JobKind.COMPLETE,
+        "state": state,
+        "priority": Priority.NORMAL,
+        "max_tokens": 5,
+        "deadline": AT,
+        "callback_url": None,
+        "idempotency_key": None,
+        "created_at": AT,
+        "updated_at": AT,
+        "dispatched_at": None,
+        "started_at": None,
+        "finished_at": AT,
+        "attempt": 1,
+        "result": None,
+        "error": None,
+        "abandon_on_disconnect": False,
+        "abandon_after_s": None,
+        "last_seen_at": AT,
+        "decoded_tokens": 5,
+        "custom_id": "req-1",
+        **extra,
+    }
+    return Job(**fields)  # type: ignore[arg-type]
+
+
+def test_output_lines() -> None:
+    result = {"text": "Short.", "engine": "sim", "prompt_tokens": 3, "output_tokens": 5}
+    ok = result_line("/v1/completions", job(JobState.SUCCEEDED, result=result))
+    assert ok["id"] == "batch_req_0195"
+    assert ok["custom_id"] == "req-1"
+    assert ok["error"] is None
+    body = ok["response"]["body"]
+    assert body["object"] == "text_completion"
+    assert body["choices"] == [{"index": 0, "text": "Short.", "finish_reason": "length"}]
+    assert ok["sluicegate"] == {
+        "job_id": "0195",
+        "state": "succeeded",
+        "finished_at": AT.isoformat(),
+        "decoded_tokens": 5,
+    }
+    stop = {"code": "deadline_passed", "reason": "deadline_passed", "message": "too late"}
+    late = result_line("/v1/completions", job(JobState.EXPIRED, error=stop))
+    assert late["response"] is None
+    assert late["error"] == {"code": "deadline_passed", "message": "too late"}
