@@ -13,8 +13,11 @@ from rich.console import Console
 from producers import demo, service
 from producers.client import ApiError, RetryPolicy, SluicegateClient
 from producers.repository import JobRepository, OutboxStore
+from producers.summarize import InputError
+from producers.summarize_run import summarize
 from producers.tenancy import KeyStore
 from schemas import constants
+from schemas.errors import SluicegateError
 from schemas.jobs import JobKind
 from sluicegate import local_key, migrate
 from sluicegate.db import make_engine
@@ -43,6 +46,17 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--api", default=None, help="API base URL (default: from settings)")
     sm.add_argument("--max-tokens", type=int, default=256)
     sm.add_argument("--ttl", type=float, default=None, help="seconds until the deadline")
+
+    su = sub.add_parser(
+        "summarize",
+        help="summarize a directory of .txt/.md files (or an OpenAI Batch JSONL file) as one "
+        "batch, writing OpenAI Batch output lines; rerun the same command to resume",
+    )
+    su.add_argument("source", type=Path, help="a directory, or a .jsonl file of batch requests")
+    su.add_argument("--deadline", default="24h", help="the batch's completion window (30m, 2h)")
+    su.add_argument("--out", type=Path, default=Path("results.jsonl"))
+    su.add_argument("--max-tokens", type=int, default=128)
+    su.add_argument("--api", default=None, help="API base URL (default: from settings)")
 
     api = sub.add_parser("api", help="serve the HTTP API")
     api.add_argument("--host", default=None)
@@ -91,6 +105,12 @@ def main(argv: list[str] | None = None) -> None:
         api_url = args.api or f"http://{settings.api_host}:{settings.api_port}"
         key = local_key.read_key(settings)
         sys.exit(asyncio.run(_submit(api_url, key, args.files, args.max_tokens, args.ttl)))
+    elif command == "summarize":
+        api_url = args.api or f"http://{settings.api_host}:{settings.api_port}"
+        code: list[int] = []
+        key = local_key.read_key(settings)
+        run_until_signal(lambda stop: _summarize(api_url, key, args, stop, code))
+        sys.exit(code[0] if code else 130)
     elif command == "api":
         overrides = {"api_host": args.host, "api_port": args.port}
         settings = settings.model_copy(update={k: v for k, v in overrides.items() if v})
@@ -221,6 +241,44 @@ async def _demo(
         console.print(f"{len(jobs)} jobs terminal; logs in {settings.data_dir / 'logs'}")
     finally:
         await stack.stop()
+
+
+async def _summarize(
+    api_url: str,
+    api_key: str | None,
+    args: argparse.Namespace,
+    stop: asyncio.Event,
+    code: list[int],
+) -> None:
+    """Follow the batch until it is done or a signal comes (the file is fsynced chunk by
+    chunk, so a rerun resumes where it ends)."""
+    console = Console(stderr=True)
+    async with SluicegateClient(api_url, api_key=api_key, retry=RetryPolicy()) as client:
+        run = asyncio.ensure_future(
+            summarize(
+                client,
+                args.source,
+                window=args.deadline,
+                out=args.out,
+                max_tokens=args.max_tokens,
+                console=console,
+            )
+        )
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([run, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not run.done():
+            run.cancel()
+            console.print("interrupted: run the same command again to resume")
+            return
+        try:
+            code.append(run.result())
+        except (InputError, SluicegateError) as exc:
+            console.print(f"[red]{exc}[/red]")
+            code.append(2)
+        except ApiError as exc:
+            console.print(f"[red]refused: {exc}[/red]")
+            code.append(1)
 
 
 async def _submit(

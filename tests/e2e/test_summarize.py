@@ -1,0 +1,98 @@
+"""`sluicegate summarize` on the local stack: 1,000 documents as one batch, interrupted and
+resumed, ending in a results file in the OpenAI Batch output shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sluicegate.samples import sample_documents
+from tests.e2e.stack import RunningStack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+DOCUMENTS = 1000
+
+
+def write_documents(directory: Path) -> list[str]:
+    samples = [text for _, text in sample_documents()]
+    names = []
+    for i in range(DOCUMENTS):
+        name = f"part-{i // 100}/doc-{i:04d}.txt"
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"Document {i}.\n{samples[i % len(samples)]}")
+        names.append(name)
+    return names
+
+
+def summarize(stack: RunningStack, docs: Path, out: Path, data_dir: Path) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "SLUICEGATE_DATA_DIR": str(data_dir),
+        "SLUICEGATE_API_PORT": stack.api_url.rsplit(":", 1)[1],
+    }
+    command = ["summarize", str(docs), "--deadline", "30m", "--out", str(out)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "sluicegate", *command, "--max-tokens", "24"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def lines_in(out: Path) -> int:
+    return out.read_bytes().count(b"\n") if out.exists() else 0
+
+
+def test_a_thousand_documents_summarized_interrupted_and_resumed(
+    stack_factory: Callable[..., RunningStack], tmp_path: Path
+) -> None:
+    stack = stack_factory(workers=2)
+    docs = tmp_path / "docs"
+    names = write_documents(docs)
+    out = tmp_path / "results.jsonl"
+
+    first = summarize(stack, docs, out, tmp_path)
+    deadline = time.monotonic() + 120
+    while lines_in(out) == 0 and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)  # as hard an interruption as there is
+    first.wait()
+    assert first.stdout is not None
+    first.stdout.close()
+    interrupted_at = lines_in(out)
+    assert 0 < interrupted_at < DOCUMENTS, "the first run must be cut off part way"
+
+    second = summarize(stack, docs, out, tmp_path)
+    output, _ = second.communicate(timeout=360)
+    assert second.returncode == 0, output
+    assert "completed" in output
+
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == names  # each once, in input order
+    for r in results:
+        assert r["id"] == f"batch_req_{r['sluicegate']['job_id']}"
+        assert r["error"] is None
+        assert r["response"]["status_code"] == 200
+        body = r["response"]["body"]
+        assert body["text"]
+        assert body["engine"] == "sim"
+        assert r["sluicegate"]["state"] == "succeeded"
+
+    # The rerun submitted nothing: one batch, of 1,000 jobs.
+    with httpx.Client(base_url=stack.api_url, headers=stack.headers) as client:
+        batches = client.get("/v1/batches").json()["data"]
+    assert len(batches) == 1
+    assert batches[0]["request_counts"] == {"total": DOCUMENTS, "completed": DOCUMENTS, "failed": 0}
+    assert batches[0]["status"] == "completed"
