@@ -17,9 +17,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sluicegate import migrate
-from sluicegate.db import libpq_url
+from sluicegate.db import libpq_url, make_engine
 from sluicegate.embedded import EmbeddedBroker, EmbeddedPostgres
 from sluicegate.kafka import ensure_topics
 from sluicegate.settings import Settings
@@ -155,3 +156,11 @@ async def broker(tmp_path: Path) -> AsyncIterator[EmbeddedBroker]:
         yield own
     finally:
         own.stop()
+
+
+@pytest.fixture
+async def db(settings: Settings) -> AsyncIterator[AsyncEngine]:
+    """An engine on the test's database, for reading what the pipeline wrote."""
+    engine = make_engine(settings.require_database_url(), pool_size=4)
+    yield engine
+    await engine.dispose()
