@@ -43,3 +43,18 @@ class JobEvent(_Envelope):
     at: datetime
     callback_url: str | None = None
     error_code: str | None = None
+
+
+class DeadRecord(_Envelope):
+    """A record set aside on the dead-letter topic because it could not be handled: where
+    it came from, why, and what it held (as text, cut to MAX_DEAD_PAYLOAD characters)."""
+
+    type: Literal["record.dead"] = "record.dead"
+    source: str  # the consumer that gave up on it: "dispatch", "events"
+    subject: str  # topic@partition:offset
+    reason: str
+    size: int  # the record's bytes
+    payload: str
+
+
+MAX_DEAD_PAYLOAD = 65_536

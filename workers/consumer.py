@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from schemas.envelopes import DispatchEnvelope
 from sluicegate.aio import wait_first
 from sluicegate.kafka import cluster_id
+from workers.dead_letters import record_subject
 from workers.execution import Executor, Progress
 from workers.gate import Drop, PullGate
 from workers.metrics import DEAD_LETTERED, DROPPED, JOBS_RUNNING, PAUSED_SECONDS
@@ -112,15 +113,20 @@ class Worker:
         batches = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=1)
         for tp, records in batches.items():
             for record in records:
-                return self._decode(tp, record)
+                return await self._decode(tp, record)
         return None
 
-    def _decode(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes]) -> Held | None:
+    async def _decode(
+        self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes]
+    ) -> Held | None:
+        payload = record.value or b""
         try:
-            envelope = DispatchEnvelope.model_validate_json(record.value or b"")
+            envelope = DispatchEnvelope.model_validate_json(payload)
         except ValidationError as exc:
-            DEAD_LETTERED.labels(reason="invalid_envelope").inc()
-            log.error("undecodable record %s@%d skipped: %s", tp, record.offset, exc)
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in first["loc"])
+            reason = f"invalid_envelope: {where + ': ' if where else ''}{first['msg']}"
+            await self._dead_letter(tp, record.offset, reason, payload)
             self._skip(tp, record.offset)
             return None
         if envelope.job_id in self._jobs.values() or any(
@@ -132,6 +138,15 @@ class Worker:
             self._skip(tp, record.offset)
             return None
         return Held(tp, record.offset, envelope)
+
+    async def _dead_letter(
+        self, tp: TopicPartition, offset: int, reason: str, payload: bytes
+    ) -> None:
+        DEAD_LETTERED.labels(reason=reason.split(":", 1)[0]).inc()
+        log.error("record %s@%d dead-lettered: %s", tp, offset, reason)
+        await self.executor.set_aside(
+            record_subject(tp.topic, tp.partition, offset), reason, payload
+        )
 
     def _skip(self, tp: TopicPartition, offset: int) -> None:
         self._offsets.started(tp, offset)
@@ -185,7 +200,8 @@ class Worker:
             if isinstance(outcome, Drop):
                 DROPPED.labels(reason=outcome.reason).inc()
             else:
-                log.info("job %s is unknown here; record skipped", held.envelope.job_id)
+                reason = f"unknown_job: no job {held.envelope.job_id}"
+                await self._dead_letter(held.tp, held.offset, reason, held.envelope.to_bytes())
         self._changed.set()
         if dropped:
             await self.commit()

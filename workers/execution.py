@@ -88,6 +88,12 @@ class Executor:
         except _Stopped:
             return None
 
+    async def set_aside(self, subject: str, reason: str, payload: bytes) -> None:
+        """Dead-letter a record that cannot be run (through database outages)."""
+        await self._retrying(
+            lambda: self._repo.set_aside(subject=subject, reason=reason, payload=payload)
+        )
+
     async def run(self, job: Claimed, progress: Progress) -> None:
         """Decode a claimed job to a terminal state, or leave it for redelivery if the
         task is cancelled first (a revoke or a stop past the drain timeout)."""

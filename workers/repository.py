@@ -18,6 +18,7 @@ from schemas.envelopes import JobEvent
 from schemas.jobs import JobKind
 from schemas.states import CLAIMABLE_STATES, JobState
 from schemas.tables import jobs, outbox
+from workers.dead_letters import set_aside
 from workers.gate import Candidate, Drop
 
 Judge = Callable[[Candidate], Drop | None]
@@ -72,9 +73,24 @@ def _reason(error: Mapping[Any, Any] | None, state: str) -> str:
 
 
 class WorkerRepository:
-    def __init__(self, engine: AsyncEngine, *, events_topic: str) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, events_topic: str, dead_letter_topic: str = "dead-letter"
+    ) -> None:
         self._engine = engine
         self._events_topic = events_topic
+        self._dead_letter_topic = dead_letter_topic
+
+    async def set_aside(self, *, subject: str, reason: str, payload: bytes) -> None:
+        """A dispatch record this worker cannot run, dead-lettered with the reason."""
+        async with self._engine.begin() as conn:
+            await set_aside(
+                conn,
+                dead_letter_topic=self._dead_letter_topic,
+                source="dispatch",
+                subject=subject,
+                reason=reason,
+                payload=payload,
+            )
 
     async def claim_batch(
         self, job_ids: list[str], judge: Judge, count_tokens: Callable[[str], int]

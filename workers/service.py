@@ -125,7 +125,9 @@ async def run_worker(
         consumer = await start_consumer(settings, stop)
         if consumer is None:
             return
-        repo = WorkerRepository(db, events_topic=settings.events_topic)
+        repo = WorkerRepository(
+            db, events_topic=settings.events_topic, dead_letter_topic=settings.dead_letter_topic
+        )
         control = Control(
             engine=inference,
             repo=repo,

@@ -52,6 +52,7 @@ from schemas.webhooks import (
     batch_event_type,
     job_event_type,
 )
+from workers.dead_letters import record_subject, set_aside
 from workers.webhook_retry import Answer, Outcome, Verdict
 
 _TERMINAL = [s.value for s in TERMINAL_STATES]
@@ -204,18 +205,14 @@ class WebhookRepository:
 
     async def poison(self, *, topic: str, partition: int, offset: int, payload: bytes) -> None:
         """An events record that is not a job event: set aside, never retried."""
-        subject = f"{topic}@{partition}:{offset}"
         async with self._engine.begin() as conn:
-            await conn.execute(
-                insert(dead_letters).values(
-                    source="events",
-                    subject=subject,
-                    reason="not a job event",
-                    payload=payload.decode("utf-8", errors="replace"),
-                )
-            )
-            await conn.execute(
-                insert(outbox).values(topic=self._dead_letter_topic, key=subject, payload=payload)
+            await set_aside(
+                conn,
+                dead_letter_topic=self._dead_letter_topic,
+                source="events",
+                subject=record_subject(topic, partition, offset),
+                reason="not a job event",
+                payload=payload,
             )
 
     # Sending

@@ -1,0 +1,90 @@
+"""Sluicegate's roles as separate processes, started as a user starts them
+(``python -m sluicegate ROLE`` with ``SLUICEGATE_*`` variables), to be broken."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sluicegate.settings import Settings
+
+
+def environment(settings: Settings) -> dict[str, str]:
+    """The variables that give a process ``settings`` (the fields that were set)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICEGATE_")}
+    values = settings.model_dump(mode="json", include=settings.model_fields_set)
+    for name, value in values.items():
+        if value is None:
+            continue
+        env[f"SLUICEGATE_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@dataclass
+class Role:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no goodbye to the group, nothing flushed."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def terminate(self, timeout_s: float) -> tuple[int, float]:
+        """SIGTERM; its exit code and how long it took to exit."""
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=timeout_s)
+        return code, time.monotonic() - started
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@dataclass
+class Roles:
+    settings: Settings
+    directory: Path
+    started: list[Role] = field(default_factory=list)
+
+    def start(self, role: str, **overrides: object) -> Role:
+        settings = self.settings.model_copy(update=overrides) if overrides else self.settings
+        log = self.directory / f"{role}-{len(self.started)}.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "sluicegate", role],
+                env=environment(settings),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        started = Role(role, process, log)
+        self.started.append(started)
+        return started
+
+
+@contextmanager
+def roles(settings: Settings, directory: Path) -> Iterator[Roles]:
+    """Start roles; whatever still runs at the end is stopped (SIGTERM, then SIGKILL)."""
+    running = Roles(settings, directory)
+    try:
+        yield running
+    finally:
+        for role in running.started:
+            if role.process.poll() is None:
+                role.process.send_signal(signal.SIGTERM)
+        for role in running.started:
+            try:
+                role.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                role.process.kill()
+                role.process.wait()
