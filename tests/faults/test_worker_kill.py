@@ -1,0 +1,94 @@
+"""kill -9 a worker while its jobs decode: another worker takes them over, and each job
+reaches exactly one terminal state with one terminal event and one webhook delivery."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from schemas.envelopes import JobEvent
+from schemas.states import TERMINAL_STATES
+from schemas.tables import jobs, outbox, webhook_deliveries
+from sluicegate.settings import Settings
+from tests.faults.processes import roles
+from tests.integration.serving import serve
+
+pytestmark = pytest.mark.timeout(240)
+
+DOC = "A worker that dies mid-decode leaves its offsets uncommitted. " * 8
+JOBS = 16
+
+
+async def states(db: AsyncEngine, ids: list[str]) -> dict[str, tuple[str, int]]:
+    async with db.connect() as conn:
+        rows = await conn.execute(
+            select(jobs.c.id, jobs.c.state, jobs.c.attempt).where(jobs.c.id.in_(ids))
+        )
+        return {str(r.id): (r.state, r.attempt) for r in rows}
+
+
+async def until(db: AsyncEngine, ids: list[str], done: object, within_s: float) -> None:
+    async with asyncio.timeout(within_s):
+        while not done(await states(db, ids)):  # type: ignore[operator]
+            await asyncio.sleep(0.2)
+
+
+async def test_a_worker_killed_mid_decode_hands_its_jobs_over(
+    settings: Settings, db: AsyncEngine, tmp_path: Path
+) -> None:
+    terminal = {s.value for s in TERMINAL_STATES}
+    with roles(settings, tmp_path) as started:
+        started.start("relay")
+        started.start("webhooks")
+        doomed = started.start("worker")
+        survivor = started.start("worker")
+        async with serve(settings, db) as api:
+            ids = []
+            for _ in range(JOBS):
+                r = await api.post(
+                    "/v1/jobs",
+                    json={
+                        "kind": "complete",
+                        "input": DOC,
+                        "max_tokens": 400,
+                        "ttl_s": 600,
+                        # Refused when called (loopback), but every terminal state still
+                        # makes its one delivery row.
+                        "callback_url": "http://127.0.0.1:9/hook",
+                    },
+                )
+                assert r.status_code == 202, r.text
+                ids.append(r.json()["id"])
+            # Both workers decoding: the group has given each its partitions.
+            await until(db, ids, lambda s: sum(st == "running" for st, _ in s.values()) >= 8, 90)
+            doomed.kill()
+            await until(db, ids, lambda s: all(st in terminal for st, _ in s.values()), 150)
+        assert survivor.process.poll() is None
+
+    final = await states(db, ids)
+    assert Counter(state for state, _ in final.values()) == Counter({"succeeded": JOBS})
+    taken_over = [job for job, (_, attempt) in final.items() if attempt >= 2]
+    assert taken_over, "the killed worker had jobs running; they must have run again"
+    async with db.connect() as conn:
+        records = (await conn.execute(select(outbox.c.key, outbox.c.payload))).all()
+        deliveries = Counter(
+            str(subject) for subject in await conn.scalars(select(webhook_deliveries.c.subject))
+        )
+    ends = Counter(
+        r.key for r in records if r.key in final and _terminal_event(r.payload, terminal)
+    )
+    assert ends == Counter(dict.fromkeys(ids, 1))  # one terminal event per job
+    assert deliveries == Counter(dict.fromkeys(ids, 1))  # one webhook sequence per job
+
+
+def _terminal_event(payload: bytes, terminal: set[str]) -> bool:
+    try:
+        event = JobEvent.model_validate_json(payload)
+    except ValueError:
+        return False  # a dispatch record
+    return event.state.value in terminal
