@@ -42,7 +42,7 @@ MAX_PAGE = 1000
 WAIT_RETRY_AFTER_S = 1
 
 _ERRORS: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 404, 409, 413, 422, 429, 503)
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 408, 409, 413, 422, 429, 503)
 }
 
 WaitQuery = Annotated[
@@ -132,6 +132,8 @@ def create_app(
         BodyLimit,
         max_bytes=settings.max_body_bytes,
         paths={"/v1/batches": settings.max_batch_bytes},
+        read_timeout_s=settings.request_read_timeout_s,
+        min_rate=settings.request_min_rate,
     )
     errors.install(app)
     app.include_router(batches.router)

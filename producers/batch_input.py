@@ -48,6 +48,10 @@ def jsonl_lines(data: bytes) -> list[Any]:
             raise InvalidJsonl(
                 f"line {number} is not JSON: {exc.msg}", details=[{"line": number}]
             ) from None
+        except RecursionError:
+            raise InvalidJsonl(
+                f"line {number} is not JSON: nested too deeply", details=[{"line": number}]
+            ) from None
     return values
 
 
@@ -120,8 +124,12 @@ def requests_of(values: list[Any], settings: Settings) -> tuple[str, list[BatchR
     return endpoint, requests
 
 
-def _request_hash(parts: dict[str, Any]) -> str:
-    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+def _request_hash(body: CreateBatch) -> str:
+    try:
+        parts = body.model_dump()
+        canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    except RecursionError:  # parsed just under the parser's depth, too deep to encode
+        raise InvalidRequest("the batch is nested too deeply") from None
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -150,7 +158,7 @@ def new_batch(
         callback_url=body.callback_url,
         metadata=body.metadata,
         idempotency_key=idempotency_key,
-        request_hash=_request_hash(body.model_dump()) if idempotency_key else None,
+        request_hash=_request_hash(body) if idempotency_key else None,
         requests=requests,
     )
 
@@ -171,7 +179,7 @@ def create_body(
     if metadata:
         try:
             fields["metadata"] = json.loads(metadata)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise InvalidRequest("metadata must be a JSON object of strings") from None
     if callback_url:
         fields["callback_url"] = callback_url

@@ -17,6 +17,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 
 from producers.admission import AdmissionController
 from producers.batch_input import create_body, jsonl_lines, new_batch, parse_create
@@ -29,6 +30,7 @@ from schemas.batches import (
     BatchList,
     BatchView,
     CreateBatch,
+    InvalidMultipart,
     UnsupportedMediaType,
     result_line,
 )
@@ -43,7 +45,8 @@ JSONL = "application/jsonl"
 JSONL_TYPES = (JSONL, "application/x-ndjson", "application/json-lines")
 
 _ERRORS: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 404, 409, 413, 415, 422, 429, 503)
+    status: {"model": ErrorResponse}
+    for status in (400, 401, 404, 408, 409, 413, 415, 422, 429, 503)
 }
 _OPTIONS = {
     "completion_window": {"type": "string", "default": "24h"},
@@ -92,14 +95,24 @@ async def _body(request: Request) -> CreateBatch:
             value = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise InvalidJson("the body is not valid JSON") from None
+        except RecursionError:
+            raise InvalidJson("the body is not valid JSON: nested too deeply") from None
         return parse_create(value)
     if media == "multipart/form-data":
-        async with request.form(max_files=1, max_fields=8) as form:
+        try:
+            form = await request.form(max_files=1, max_fields=8)
+        except HTTPException as exc:
+            if exc.status_code != 400:  # a body over its limit, or too slow
+                raise
+            raise InvalidMultipart(f"the multipart body cannot be read: {exc.detail}") from None
+        try:
             upload = form.get("file")
             if not isinstance(upload, UploadFile):
                 raise InvalidRequest("the upload has no file field")
             lines = jsonl_lines(await upload.read())
             options = {k: form.get(k) for k in _OPTIONS}
+        finally:
+            await form.close()
         if any(v is not None and not isinstance(v, str) for v in options.values()):
             raise InvalidRequest("form fields other than file must be text")
         return create_body(lines, **{k: v for k, v in options.items() if isinstance(v, str)})
@@ -116,6 +129,7 @@ async def _body(request: Request) -> CreateBatch:
     status_code=201,
     response_model=BatchView,
     summary="Create a batch from OpenAI Batch request lines",
+    responses={200: {"model": BatchView, "description": "An idempotent replay"}},
     openapi_extra={"requestBody": _REQUEST_BODY},
 )
 async def create_batch(

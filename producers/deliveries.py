@@ -26,7 +26,7 @@ DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 
 _ERRORS: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorResponse} for status in (401, 404, 422, 503)
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 408, 413, 422, 503)
 }
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=_ERRORS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Mapping
@@ -15,12 +16,16 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
 from producers.admission import Refused
+from producers.limits import BodyTooLarge, RequestTimeout
 from producers.metrics import REFUSED
 from schemas.errors import SluicegateError
 
 log = logging.getLogger(__name__)
 
 DATABASE_RETRY_AFTER_S = 5
+# PostgreSQL cannot store U+0000: in text (22021) or in jsonb (22P05). It comes from the
+# request (a NUL in a string), and the statement failed, so nothing was stored.
+_NUL_IN_TEXT = {"22021", "22P05"}
 
 # Validation failures whose cause deserves its own code.
 _FIELD_CODES = {
@@ -30,6 +35,14 @@ _FIELD_CODES = {
     ("input", "missing"): "missing_input",
     ("kind", "missing"): "missing_kind",
 }
+
+
+class _AsciiJSON(JSONResponse):
+    """JSON with non-ASCII escaped: an error may quote the caller's text, and text with a
+    lone surrogate (valid in JSON as an escape) has no UTF-8 encoding."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
 
 
 def error_response(
@@ -43,7 +56,7 @@ def error_response(
     body: dict[str, Any] = {"code": code, "message": message}
     if details is not None:
         body["details"] = details
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
+    return _AsciiJSON({"error": body}, status_code=status, headers=headers)
 
 
 def _validation_code(errors: list[dict[str, Any]]) -> tuple[int, str]:
@@ -96,8 +109,18 @@ def install(app: FastAPI) -> None:
         status, code = _validation_code(errors)
         return error_response(status, code, "the request is not valid", errors)
 
+    @app.exception_handler(BodyTooLarge)
+    @app.exception_handler(RequestTimeout)
+    async def _body_limit(_: Request, exc: BodyTooLarge | RequestTimeout) -> JSONResponse:
+        return error_response(exc.status_code, exc.code, exc.detail, headers=exc.headers)
+
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError | RecursionError):
+            # FastAPI could not decode a JSON body: not UTF-8, or nested past the parser.
+            reason = "not UTF-8" if isinstance(cause, UnicodeDecodeError) else "nested too deeply"
+            return error_response(400, "invalid_json", f"the body is not valid JSON: {reason}")
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
 
@@ -117,5 +140,9 @@ def install(app: FastAPI) -> None:
     async def _dbapi(request: Request, exc: DBAPIError) -> JSONResponse:
         if isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated:
             return await _database_down(request, exc)
+        if getattr(exc.orig, "sqlstate", None) in _NUL_IN_TEXT:
+            return error_response(
+                422, "invalid_character", "the request holds a NUL character; nothing was stored"
+            )
         log.exception("database error", exc_info=exc)
         return error_response(500, "internal_error", "internal error")

@@ -48,6 +48,14 @@ class InvalidJsonl(SluicegateError):
     status = 400
 
 
+class InvalidMultipart(SluicegateError):
+    """A multipart/form-data body that cannot be parsed (no boundary, cut short, too many
+    parts)."""
+
+    code = "invalid_multipart"
+    status = 400
+
+
 class InvalidCompletionWindow(InvalidRequest):
     code = "invalid_completion_window"
 

@@ -58,7 +58,7 @@ def check_callback_url(url: str) -> str:
         raise InvalidCallbackUrl("callback_url must be an absolute http:// or https:// URL")
     if not parts.hostname:
         raise InvalidCallbackUrl("callback_url has no host")
-    if port == 0 or any(c.isspace() for c in url):
+    if port == 0 or any(c.isspace() or not c.isprintable() for c in url):
         raise InvalidCallbackUrl("callback_url is not a valid URL")
     return url
 
@@ -189,7 +189,7 @@ class ExpireSecret(BaseModel):
     (0: now), the grace period of a rotation."""
 
     model_config = ConfigDict(extra="forbid")
-    in_s: Annotated[float, Field(ge=0, le=30 * 86400)] = 0.0
+    in_s: Annotated[float, Field(ge=0, le=30 * 86400, strict=True)] = 0.0
 
 
 class SecretList(BaseModel):

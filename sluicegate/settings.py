@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     # requests a batch may hold (lag_hard bounds it too: a batch fits under it whole).
     max_batch_bytes: int = Field(default=128 * 1_048_576, ge=1024)
     max_batch_requests: int = Field(default=50_000, ge=1)
+    # A request body must keep arriving (a slow-loris upload holds a connection and a task
+    # for as long as it trickles): 408 request_timeout when no part of it came for
+    # request_read_timeout_s, or when, after its first request_read_timeout_s, it averages
+    # under request_min_rate bytes a second (0: no minimum rate).
+    request_read_timeout_s: float = Field(default=15.0, gt=0)
+    request_min_rate: int = Field(default=500, ge=0)
     max_input_bytes: int = Field(default=262_144, ge=1)
     max_tokens_limit: int = Field(default=8192, ge=1)
     default_ttl_s: float = Field(default=3600.0, gt=0)
