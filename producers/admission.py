@@ -183,17 +183,9 @@ class AdmissionController:
                 f"its priority is refused), not {jobs}: split it"
             )
         lag = self._known()
-        refused = self._limits.try_take(tenant, tokens, time.monotonic())
-        if refused is not None:
-            reason, wait_s = refused
-            if math.isinf(wait_s):
-                raise BatchTooLarge(f"the batch's {tokens} tokens are over the tenant's TPM limit")
-            raise Refused(
-                reason,
-                f"tenant {tenant} is over its {reason.removeprefix('tenant_').upper()} limit",
-                retry_after_s=self._clamp(wait_s),
-                lag=lag.lag,
-            )
+        if not self._limits.fits(tokens):
+            raise BatchTooLarge(f"the batch's {tokens} tokens are over the tenant's TPM limit")
+        self._take(tenant, tokens, lag)
         try:
             self._check_deadline(lag, max_tokens, deadline, now, ahead=jobs - 1)
             if lag.lag + jobs > refuse_from:
@@ -220,6 +212,17 @@ class AdmissionController:
     ) -> Admitted:
         lag = self._known()
         tokens = prompt_tokens + max_tokens
+        self._take(tenant, tokens, lag)
+        try:
+            self._check_deadline(lag, max_tokens, deadline, now)
+            return await self._check_lag(lag, priority)
+        except Refused:
+            self._limits.give_back(tenant, tokens)
+            raise
+
+    def _take(self, tenant: str, tokens: int, lag: LagSnapshot) -> None:
+        """Take one request and ``tokens`` from the tenant's limits, or refuse with the
+        time until they refill."""
         refused = self._limits.try_take(tenant, tokens, time.monotonic())
         if refused is not None:
             reason, wait_s = refused
@@ -229,12 +232,6 @@ class AdmissionController:
                 retry_after_s=self._clamp(wait_s),
                 lag=lag.lag,
             )
-        try:
-            self._check_deadline(lag, max_tokens, deadline, now)
-            return await self._check_lag(lag, priority)
-        except Refused:
-            self._limits.give_back(tenant, tokens)
-            raise
 
     def _known(self) -> LagSnapshot:
         """The last reading plus what this process admitted since it began (a burst inside

@@ -12,13 +12,12 @@ from typing import Any
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from producers.repository import event_row, new_job_id
-from schemas import reasons
+from producers.repository import cancelling, event_row, new_job_id
 from schemas.batches import BatchTerminal, BatchView, batch_status, batch_view
 from schemas.envelopes import DispatchEnvelope
 from schemas.errors import BatchNotFound, IdempotencyConflict
 from schemas.jobs import Job, JobKind, Priority, estimate_tokens, job_from_row
-from schemas.states import CANCELLABLE_STATES, TERMINAL_STATES, JobState
+from schemas.states import TERMINAL_STATES
 from schemas.tables import batches, jobs, outbox
 
 _TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
@@ -211,24 +210,7 @@ class BatchStore:
                     .values(status="cancelling", cancelled_at=now)
                 )
             cancelled = (
-                (
-                    await conn.execute(
-                        update(jobs)
-                        .where(
-                            jobs.c.batch_id == batch_id,
-                            jobs.c.state.in_([s.value for s in CANCELLABLE_STATES]),
-                        )
-                        .values(
-                            state=JobState.CANCELLED.value,
-                            finished_at=now,
-                            updated_at=now,
-                            error=reasons.error(JobState.CANCELLED, reasons.CANCELLED),
-                        )
-                        .returning(*jobs.c)
-                    )
-                )
-                .mappings()
-                .all()
+                (await conn.execute(cancelling(jobs.c.batch_id == batch_id, now))).mappings().all()
             )
             if cancelled:
                 events = [

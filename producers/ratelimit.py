@@ -54,6 +54,10 @@ class TenantLimits:
             )
         return self._buckets[tenant]
 
+    def fits(self, tokens: int) -> bool:
+        """Whether ``tokens`` could ever be taken at once (a full TPM bucket holds them)."""
+        return self._tpm is None or tokens <= self._tpm
+
     def try_take(self, tenant: str, tokens: int, now: float) -> tuple[str, float] | None:
         """Take one request and ``tokens``; else (reason, seconds until they refill)."""
         requests, token_bucket = self._of(tenant)

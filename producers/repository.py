@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import uuid_utils
-from sqlalchemy import and_, delete, func, insert, select, update
+from sqlalchemy import Update, and_, delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
@@ -216,26 +216,7 @@ class JobRepository:
         """Move a non-terminal job to ``cancelled``; a terminal one is a conflict."""
         now = datetime.now(UTC)
         async with self._engine.begin() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        update(jobs)
-                        .where(
-                            _owned(tenant, job_id),
-                            jobs.c.state.in_([s.value for s in CANCELLABLE_STATES]),
-                        )
-                        .values(
-                            state=JobState.CANCELLED.value,
-                            finished_at=now,
-                            updated_at=now,
-                            error=reasons.error(JobState.CANCELLED, reasons.CANCELLED),
-                        )
-                        .returning(*jobs.c)
-                    )
-                )
-                .mappings()
-                .first()
-            )
+            row = (await conn.execute(cancelling(_owned(tenant, job_id), now))).mappings().first()
             if row is None:
                 current = (
                     await conn.execute(select(jobs.c.state).where(_owned(tenant, job_id)))
@@ -356,6 +337,21 @@ class JobRepository:
                 ],
             )
         return len(rows)
+
+
+def cancelling(which: ColumnElement[bool], now: datetime) -> Update:
+    """Cancel the jobs ``which`` picks that have not ended yet, returning their rows."""
+    return (
+        update(jobs)
+        .where(which, jobs.c.state.in_([s.value for s in CANCELLABLE_STATES]))
+        .values(
+            state=JobState.CANCELLED.value,
+            finished_at=now,
+            updated_at=now,
+            error=reasons.error(JobState.CANCELLED, reasons.CANCELLED),
+        )
+        .returning(*jobs.c)
+    )
 
 
 def event_row(topic: str, job: Job, at: datetime, code: str) -> dict[str, object]:
