@@ -4,14 +4,13 @@ group's committed offsets reach the end of the log (the lag does not stick)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -22,6 +21,7 @@ from sluicegate.settings import Settings
 from tests.faults.processes import roles
 from tests.faults.test_worker_kill import DOC, states, until
 from tests.integration.serving import serve
+from tests.topics import caught_up, read_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -54,46 +54,6 @@ async def produce(settings: Settings, values: list[bytes]) -> None:
         await producer.stop()
 
 
-async def caught_up(settings: Settings, within_s: float) -> None:
-    """Until the worker group's committed offsets reach each partition's end."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.require_kafka(),
-        group_id=settings.consumer_group,
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        parts = [TopicPartition(settings.dispatch_topic, p) for p in range(settings.partitions)]
-        ends = await consumer.end_offsets(parts)
-        async with asyncio.timeout(within_s):
-            while True:
-                committed = [await consumer.committed(tp) or 0 for tp in parts]
-                if all(at >= ends[tp] for at, tp in zip(committed, parts, strict=True)):
-                    return
-                await asyncio.sleep(0.3)
-    finally:
-        await consumer.stop()
-
-
-async def dead_records(settings: Settings, count: int, within_s: float) -> list[DeadRecord]:
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.require_kafka(), enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        tp = TopicPartition(settings.dead_letter_topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        found: list[DeadRecord] = []
-        async with asyncio.timeout(within_s):
-            while len(found) < count:
-                batch = await consumer.getmany(tp, timeout_ms=500)
-                found += [DeadRecord.model_validate_json(m.value) for m in batch.get(tp, [])]
-        return found
-    finally:
-        await consumer.stop()
-
-
 async def test_poison_is_dead_lettered_and_the_worker_goes_on(
     settings: Settings, db: AsyncEngine, tmp_path: Path
 ) -> None:
@@ -115,7 +75,12 @@ async def test_poison_is_dead_lettered_and_the_worker_goes_on(
             started.start("relay")
             started.start("worker", worker_fetch_bytes=64 * 1024)
             await until(db, [job_id], lambda s: s[job_id][0] == "succeeded", 90)
-            await caught_up(settings, within_s=60)
+            await caught_up(
+                settings.require_kafka(),
+                settings.consumer_group,
+                settings.dispatch_topic,
+                settings.partitions,
+            )
 
     async with db.connect() as conn:
         rows = (
@@ -132,7 +97,10 @@ async def test_poison_is_dead_lettered_and_the_worker_goes_on(
     assert reasons[subject + "1"].startswith("invalid_envelope: v:")
     assert reasons[subject + "2"] == f"unknown_job: no job {unknown}"
     assert reasons[subject + "3"].startswith("invalid_envelope:")
-    records = {r.subject: r for r in await dead_records(settings, 4, within_s=30)}
+    read = await read_until(
+        settings.require_kafka(), settings.dead_letter_topic, lambda found: len(found) >= 4
+    )
+    records = {r.subject: r for r in map(DeadRecord.model_validate_json, (m.value for m in read))}
     assert {k: r.reason for k, r in records.items()} == reasons
     assert records[subject + "3"].size > HUGE
     assert len(records[subject + "3"].payload) == 65_536  # kept, cut short

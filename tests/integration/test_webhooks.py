@@ -9,7 +9,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from fastapi import Response
 from sqlalchemy import delete, insert, select, update
 
@@ -33,6 +32,7 @@ from tests.integration.webhooks import (
     webhook_pipeline,
     webhook_settings,
 )
+from tests.topics import caught_up, read_until
 from workers.webhooks import run_webhooks
 
 
@@ -48,22 +48,13 @@ async def rows(settings: Settings, statement: Any) -> list[dict[str, Any]]:
 
 async def dead_letter_records(settings: Settings, key: str, within_s: float = 30) -> list[Any]:
     """The records on the dead-letter topic keyed ``key`` (waits for the first)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.require_kafka(), enable_auto_commit=False
+    found = await read_until(
+        settings.require_kafka(),
+        settings.dead_letter_topic,
+        lambda read: any(m.key == key.encode() for m in read),
+        within_s=within_s,
     )
-    await consumer.start()
-    try:
-        tp = TopicPartition(settings.dead_letter_topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        found: list[Any] = []
-        async with asyncio.timeout(within_s):
-            while not found:
-                batch = await consumer.getmany(tp, timeout_ms=500)
-                found += [m for m in batch.get(tp, []) if m.key == key.encode()]
-        return found
-    finally:
-        await consumer.stop()
+    return [m for m in found if m.key == key.encode()]
 
 
 async def test_terminal_job_is_delivered_signed(settings: Settings) -> None:
@@ -374,23 +365,13 @@ async def test_an_event_consumed_twice_makes_one_delivery(settings: Settings) ->
 
 async def consumed_everything(settings: Settings, within_s: float = 60) -> None:
     """Until the dispatcher's group has committed the end of every events partition."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.require_kafka(),
-        group_id=settings.webhook_group,
-        enable_auto_commit=False,
+    await caught_up(
+        settings.require_kafka(),
+        settings.webhook_group,
+        settings.events_topic,
+        settings.partitions,
+        within_s=within_s,
     )
-    await consumer.start()
-    try:
-        parts = [TopicPartition(settings.events_topic, p) for p in range(settings.partitions)]
-        ends = await consumer.end_offsets(parts)
-        async with asyncio.timeout(within_s):
-            while True:
-                committed = {tp: await consumer.committed(tp) or 0 for tp in parts}
-                if all(committed[tp] >= ends[tp] for tp in parts):
-                    return
-                await asyncio.sleep(0.5)
-    finally:
-        await consumer.stop()
 
 
 async def test_callback_url_must_be_an_absolute_http_url(settings: Settings) -> None:
