@@ -171,7 +171,9 @@ class BatchStore:
                 .mappings()
                 .all()
             )
-            views = [batch_view(r, *await _counts(conn, str(r["id"]))) for r in rows[:limit]]
+            page = rows[:limit]
+            counts = await _counts_of(conn, [str(r["id"]) for r in page])
+            views = [batch_view(r, *counts[str(r["id"])]) for r in page]
         return views, len(rows) > limit
 
     async def endpoint(self, tenant: str, batch_id: str) -> str:
@@ -235,12 +237,24 @@ async def _batch(
 
 async def _counts(conn: AsyncConnection, batch_id: str) -> tuple[dict[str, int], datetime | None]:
     """The batch's jobs by state, and when the last of them ended."""
+    return (await _counts_of(conn, [batch_id]))[batch_id]
+
+
+async def _counts_of(
+    conn: AsyncConnection, batch_ids: list[str]
+) -> dict[str, tuple[dict[str, int], datetime | None]]:
+    """``_counts`` of several batches, in one query."""
     rows = (
         await conn.execute(
-            select(jobs.c.state, func.count(), func.max(jobs.c.finished_at))
-            .where(jobs.c.batch_id == batch_id)
-            .group_by(jobs.c.state)
+            select(jobs.c.batch_id, jobs.c.state, func.count(), func.max(jobs.c.finished_at))
+            .where(jobs.c.batch_id.in_(batch_ids))
+            .group_by(jobs.c.batch_id, jobs.c.state)
         )
     ).all()
-    ended = [at for _, _, at in rows if at is not None]
-    return {str(state): int(n) for state, n, _ in rows}, max(ended, default=None)
+    found: dict[str, tuple[dict[str, int], datetime | None]] = {b: ({}, None) for b in batch_ids}
+    for batch_id, state, n, ended in rows:
+        counts, last = found[str(batch_id)]
+        counts[str(state)] = int(n)
+        if ended is not None and (last is None or ended > last):
+            found[str(batch_id)] = (counts, ended)
+    return found
