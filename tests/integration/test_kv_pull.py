@@ -7,6 +7,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -120,8 +121,15 @@ async def terminal_events(settings: Settings) -> Counter[str]:
 async def test_rebalance_mid_run_loses_and_duplicates_nothing(
     settings: Settings, drain_timeout_s: float
 ) -> None:
+    # A job decodes for about 0.27 s per unit of time scale: in the abort case it must last
+    # well past the time it takes to see it start, stop the worker and drain.
+    scale = 2.0 if drain_timeout_s > 1 else 8.0
     tuned = settings.model_copy(
-        update={"sim_num_blocks": BLOCKS, "sim_time_scale": 2.0, "drain_timeout_s": drain_timeout_s}
+        update={
+            "sim_num_blocks": BLOCKS,
+            "sim_time_scale": scale,
+            "drain_timeout_s": drain_timeout_s,
+        }
     )
     async for pipeline in open_pipeline(tuned):
         pipeline.start(run_relay)
@@ -131,8 +139,11 @@ async def test_rebalance_mid_run_loses_and_duplicates_nothing(
             while sum(1 for v in await states(pipeline, ids) if v == "succeeded") < 3:
                 await asyncio.sleep(0.1)
         if drain_timeout_s < 1:
-            # The only worker leaves mid-run (so the jobs it aborts are surely its own),
-            # and a new one takes its partitions over.
+            # The only worker leaves while a job it just started is decoding (so that job is
+            # surely its own and far from its end), and a new one takes its partitions over.
+            async with asyncio.timeout(30):
+                while not await just_started(pipeline, ids, within_s=0.5):
+                    await asyncio.sleep(0.05)
             await pipeline.stop_restartable()
             pipeline.start(run_worker)
         else:
@@ -148,6 +159,18 @@ async def test_rebalance_mid_run_loses_and_duplicates_nothing(
         assert set(events.values()) == {1}  # one terminal write per job
         if drain_timeout_s < 1:
             assert any(v["attempt"] > 1 for v in views.values())  # aborted and redelivered
+
+
+async def just_started(pipeline: Pipeline, ids: list[str], within_s: float) -> bool:
+    """Whether a job is running that started less than ``within_s`` ago."""
+    for job_id in ids:
+        view = (await pipeline.client.get(f"/v1/jobs/{job_id}")).json()
+        started = view["started_at"]
+        if view["state"] == "running" and started is not None:
+            age = datetime.now(UTC) - datetime.fromisoformat(started)
+            if age.total_seconds() < within_s:
+                return True
+    return False
 
 
 async def states(pipeline: Pipeline, ids: list[str]) -> list[str]:
