@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from producers.metrics import ARRIVAL_RATE, DRAIN_RATE, LAG, LAG_KNOWN
 from schemas.tables import outbox, partition_ends
 from sluicegate.aio import wait_first
-from sluicegate.kafka import close_client
+from sluicegate.kafka import GroupReader
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,8 @@ class LagMonitor:
         self._updated = asyncio.Event()
         self._cause: str | None = None
         self._unpublished = 0
+        self._per_partition: dict[int, int] = {}
+        self._total = 0
         # Called as a reading starts; its value is kept as ``mark`` once the reading lands,
         # so that a caller can count what it did after the reading began.
         self.marker: Callable[[], int] = lambda: 0
@@ -108,6 +110,8 @@ class LagMonitor:
             self._lambda = self._smooth(self._lambda, max(arrived, 0) / dt)
         self._ends, self._committed, self._read_at = dict(ends), dict(committed), now
         self._unpublished = unpublished
+        self._per_partition = self._lag(self._ends, self._committed)
+        self._total = sum(self._per_partition.values()) + unpublished
         self._cause = None
         snapshot = self.snapshot()
         LAG.set(snapshot.lag)
@@ -128,11 +132,10 @@ class LagMonitor:
         if self._read_at is None:
             return replace(UNKNOWN, cause=self._cause)
         age = self._clock() - self._read_at
-        per_partition = self._lag(self._ends, self._committed)
-        return LagSnapshot(
+        return LagSnapshot(  # O(1): the sums are made once per reading, in update()
             known=age <= self._stale_after_s,
-            lag=sum(per_partition.values()) + self._unpublished,
-            per_partition=per_partition,
+            lag=self._total,
+            per_partition=self._per_partition,
             drain_rate=self._mu,
             arrival_rate=self._lambda,
             age_s=age,
@@ -173,11 +176,9 @@ class KafkaLagSource:
         self, *, db: AsyncEngine, bootstrap: str, topic: str, group_id: str, partitions: int
     ) -> None:
         self._db = db
-        self._bootstrap = bootstrap
         self._topic = topic
-        self._group_id = group_id
         self._partitions = partitions
-        self._consumer: AIOKafkaConsumer | None = None
+        self._reader = GroupReader(bootstrap, group_id)
 
     async def read(self) -> tuple[dict[int, int], dict[int, int], int]:
         # One snapshot for both queries: the relay moves rows from "unpublished" to the ends
@@ -199,7 +200,7 @@ class KafkaLagSource:
                 )
             ).scalar_one()
         ends = {p: 0 for p in range(self._partitions)} | {r[0]: int(r[1]) for r in rows}
-        consumer = await self._connect()
+        consumer = await self._reader.consumer()
         committed: dict[int, int] = {}
         try:
             for partition in ends:
@@ -210,23 +211,5 @@ class KafkaLagSource:
             raise
         return ends, committed, int(unpublished)
 
-    async def _connect(self) -> AIOKafkaConsumer:
-        if self._consumer is None:
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=self._bootstrap,
-                group_id=self._group_id,
-                enable_auto_commit=False,
-                request_timeout_ms=5_000,
-            )
-            try:
-                await consumer.start()
-            except BaseException:
-                await close_client(consumer)
-                raise
-            self._consumer = consumer
-        return self._consumer
-
     async def close(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            await close_client(consumer)
+        await self._reader.close()

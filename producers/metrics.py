@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from schemas import constants
 
 SUBMITTED = Counter(constants.M_SUBMITTED, "Jobs accepted", ["kind", "priority"])
 REFUSED = Counter(constants.M_REFUSED, "Requests refused, by error code", ["code"])
+SUBMIT_GROUP = Histogram(
+    constants.M_SUBMIT_GROUP,
+    "Single submits written by one statement (group commit)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
 RELAY_PUBLISHED = Counter(constants.M_RELAY_PUBLISHED, "Outbox rows published", ["topic"])
+RECONCILED = Counter(
+    constants.M_RECONCILED, "Jobs dispatched again because their dispatch record was gone"
+)
 
 ADMISSIONS = Counter(
     constants.M_ADMISSIONS, "Admission decisions by outcome and reason", ["outcome", "reason"]

@@ -18,11 +18,11 @@ from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError
 
 from producers.metrics import RELAY_PUBLISHED
-from producers.repository import Acked, OutboxRow, OutboxStore
+from producers.outbox import Acked, OutboxRow, OutboxStore
 from schemas import constants
 from sluicegate.aio import wait_first
 from sluicegate.db import libpq_url
-from sluicegate.kafka import close_client, ensure_topics, make_producer
+from sluicegate.kafka import close_client, cluster_id, ensure_topics, make_producer
 from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class OutboxRelay:
         self._producer: AIOKafkaProducer | None = None
         self._wake = asyncio.Event()
         self._listener: asyncpg.Connection | None = None
+        self._log: str | None = None  # the broker cluster's id: which log the records go to
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = 0.1
@@ -70,6 +71,7 @@ class OutboxRelay:
             await ensure_topics(
                 s.require_kafka(), s.topic_partitions(), replication_factor=s.replication_factor
             )
+            self._log = await cluster_id(s.require_kafka())
             producer = make_producer(s.require_kafka(), idempotent=s.kafka_idempotent_producer)
             try:
                 await producer.start()
@@ -95,7 +97,10 @@ class OutboxRelay:
             metadata = await asyncio.gather(*futures)
         for row in rows:
             RELAY_PUBLISHED.labels(topic=row.topic).inc()
-        return [Acked(topic=m.topic, partition=m.partition, offset=m.offset) for m in metadata]
+        return [
+            Acked(topic=m.topic, partition=m.partition, offset=m.offset, log=self._log)
+            for m in metadata
+        ]
 
     async def _listen(self) -> None:
         if self._listener is not None and not self._listener.is_closed():

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import uuid_utils
-from sqlalchemy import Update, and_, delete, func, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import Update, and_, func, insert, select, text, tuple_, update
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from schemas import reasons
 from schemas.envelopes import DispatchEnvelope, JobEvent
-from schemas.errors import IdempotencyConflict, JobAlreadyTerminal, JobNotFound
+from schemas.errors import (
+    IdempotencyConflict,
+    JobAlreadyTerminal,
+    JobNotFound,
+    SluicegateError,
+)
 from schemas.jobs import Job, NewJob, estimate_tokens, job_from_row
 from schemas.states import CANCELLABLE_STATES, TERMINAL_STATES, JobState, sources_of
-from schemas.tables import jobs, outbox, partition_ends
+from schemas.tables import jobs, outbox
 
 FLOW_WINDOW_S = 60.0
 
@@ -290,54 +296,6 @@ class JobRepository:
             mean_latency_s=float(recent[1]) if recent[1] is not None else None,
         )
 
-    async def redispatch_unfinished(self) -> int:
-        """Queue a fresh dispatch record for every job that is not terminal.
-
-        Used when the broker is known to have lost its data (the embedded broker keeps it in
-        memory only): the jobs' old dispatch records are gone. Workers treat a second record
-        for a job as a redelivery, so a job never gets two results.
-        """
-        async with self._engine.begin() as conn:
-            rows = (
-                (
-                    await conn.execute(
-                        select(
-                            jobs.c.id,
-                            jobs.c.tenant,
-                            jobs.c.kind,
-                            jobs.c.priority,
-                            jobs.c.max_tokens,
-                            jobs.c.deadline,
-                            jobs.c.input,
-                        ).where(jobs.c.state.not_in(_TERMINAL))
-                    )
-                )
-                .mappings()
-                .all()
-            )
-            if not rows:
-                return 0
-            await conn.execute(
-                insert(outbox),
-                [
-                    {
-                        "topic": self._dispatch_topic,
-                        "key": str(r["id"]),
-                        "payload": DispatchEnvelope(
-                            job_id=str(r["id"]),
-                            tenant=r["tenant"],
-                            kind=r["kind"],
-                            priority=r["priority"],
-                            max_tokens=r["max_tokens"],
-                            prompt_tokens=estimate_tokens(r["input"]),
-                            deadline=r["deadline"],
-                        ).to_bytes(),
-                    }
-                    for r in rows
-                ],
-            )
-        return len(rows)
-
 
 def cancelling(which: ColumnElement[bool], now: datetime) -> Update:
     """Cancel the jobs ``which`` picks that have not ended yet, returning their rows."""
@@ -370,94 +328,3 @@ def event_row(topic: str, job: Job, at: datetime, code: str) -> dict[str, object
 
 def _owned(tenant: str, job_id: str) -> ColumnElement[bool]:
     return and_(jobs.c.id == job_id, jobs.c.tenant == tenant)
-
-
-@dataclass(frozen=True, kw_only=True)
-class OutboxRow:
-    id: int
-    topic: str
-    key: str
-    payload: bytes
-
-
-@dataclass(frozen=True, kw_only=True)
-class Acked:
-    """Where the broker put one published record."""
-
-    topic: str
-    partition: int
-    offset: int
-
-
-Publish = Callable[[list[OutboxRow]], Awaitable[list[Acked]]]
-
-
-class OutboxStore:
-    """The outbox relay's queries. Rows stay locked while they are being published."""
-
-    def __init__(self, engine: AsyncEngine, *, dispatch_topic: str) -> None:
-        self._engine = engine
-        self._dispatch_topic = dispatch_topic
-
-    async def _record_ends(self, conn: AsyncConnection, acked: list[Acked], now: datetime) -> None:
-        ends: dict[tuple[str, int], int] = {}
-        for a in acked:
-            if a.topic == self._dispatch_topic:
-                key = (a.topic, a.partition)
-                ends[key] = max(ends.get(key, 0), a.offset + 1)
-        if not ends:
-            return
-        statement = pg_insert(partition_ends).values(
-            [
-                {"topic": t, "partition": p, "end_offset": e, "updated_at": now}
-                for (t, p), e in ends.items()
-            ]
-        )
-        await conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=["topic", "partition"],
-                set_={
-                    "end_offset": func.greatest(
-                        partition_ends.c.end_offset, statement.excluded.end_offset
-                    ),
-                    "updated_at": now,
-                },
-            )
-        )
-
-    async def forget_ends(self) -> None:
-        """The broker lost its log (embedded, in memory): the recorded ends are void."""
-        async with self._engine.begin() as conn:
-            await conn.execute(
-                delete(partition_ends).where(partition_ends.c.topic == self._dispatch_topic)
-            )
-
-    async def publish_batch(self, limit: int, publish: Publish) -> int:
-        """Lock up to ``limit`` unpublished rows, publish them, mark them; all or nothing."""
-        async with self._engine.begin() as conn:
-            found = (
-                await conn.execute(
-                    select(outbox.c.id, outbox.c.topic, outbox.c.key, outbox.c.payload)
-                    .where(outbox.c.published_at.is_(None))
-                    .order_by(outbox.c.id)
-                    .limit(limit)
-                    .with_for_update(skip_locked=True)
-                )
-            ).all()
-            if not found:
-                return 0
-            rows = [OutboxRow(id=r.id, topic=r.topic, key=r.key, payload=r.payload) for r in found]
-            acked = await publish(rows)
-            now = datetime.now(UTC)
-            await self._record_ends(conn, acked, now)
-            await conn.execute(
-                update(outbox).where(outbox.c.id.in_([r.id for r in rows])).values(published_at=now)
-            )
-            dispatched = [r.key for r in rows if r.topic == self._dispatch_topic]
-            if dispatched:
-                await conn.execute(
-                    update(jobs)
-                    .where(jobs.c.id.in_(dispatched), jobs.c.state == JobState.QUEUED.value)
-                    .values(state=JobState.DISPATCHED.value, dispatched_at=now, updated_at=now)
-                )
-        return len(rows)

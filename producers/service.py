@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
 from prometheus_client import start_http_server
 
 from producers.api import create_app
+from producers.outbox import OutboxStore
+from producers.reconciler import LogReader, Reconciler
 from producers.relay import OutboxRelay
-from producers.repository import OutboxStore
 from sluicegate.db import make_engine
 from sluicegate.settings import Settings
 
@@ -54,6 +57,9 @@ async def run_relay(settings: Settings, stop: asyncio.Event) -> None:
     db = make_engine(settings.require_database_url(), pool_size=2)
     try:
         store = OutboxStore(db, dispatch_topic=settings.dispatch_topic)
-        await OutboxRelay(settings, store).run(stop)
+        reconciler = Reconciler(settings, db, LogReader(settings))
+        async with asyncio.TaskGroup() as group:
+            group.create_task(OutboxRelay(settings, store).run(stop))
+            group.create_task(reconciler.run(stop))
     finally:
         await db.dispose()

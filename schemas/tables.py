@@ -71,6 +71,12 @@ jobs = Table(
     # A job of a batch: its batch and the caller's custom_id (unique within the batch).
     Column("batch_id", UUID(as_uuid=False), ForeignKey("batches.id"), nullable=True),
     Column("custom_id", Text, nullable=True),
+    # Where the job's latest dispatch record lies: the log (the broker cluster's id), the
+    # partition and the offset the broker acknowledged. The reconciler compares them with
+    # the broker's log to find records that are gone (producers/reconciler.py).
+    Column("dispatch_log", Text, nullable=True),
+    Column("dispatch_partition", Integer, nullable=True),
+    Column("dispatch_offset", BigInteger, nullable=True),
     CheckConstraint(_one_of("state", JobState), name="state"),
     CheckConstraint("abandon_after_s > 0", name="abandon_after_s"),
     CheckConstraint(_one_of("kind", JobKind), name="kind"),
@@ -94,6 +100,12 @@ jobs = Table(
     ),
     Index("ix_jobs_batch_id_id", "batch_id", "id", postgresql_where=text("batch_id IS NOT NULL")),
     Index("ix_jobs_tenant_id", "tenant", "id"),
+    Index(
+        "ix_jobs_dispatch_position",
+        "dispatch_partition",
+        "dispatch_offset",
+        postgresql_where=text("state IN ('dispatched', 'running') AND dispatch_offset IS NOT NULL"),
+    ),
 )
 
 outbox = Table(
@@ -116,6 +128,7 @@ partition_ends = Table(
     Column("topic", Text, primary_key=True),
     Column("partition", Integer, primary_key=True),
     Column("end_offset", BigInteger, nullable=False),
+    Column("log", Text, nullable=True),  # the broker cluster's id the end belongs to
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 

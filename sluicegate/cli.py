@@ -12,7 +12,7 @@ from rich.console import Console
 
 from producers import demo, service
 from producers.client import ApiError, RetryPolicy, SluicegateClient
-from producers.repository import JobRepository, OutboxStore
+from producers.outbox import OutboxStore
 from producers.summarize import InputError
 from producers.summarize_run import summarize
 from producers.tenancy import KeyStore
@@ -175,14 +175,9 @@ async def _redispatch(stack: Stack) -> None:
     """An in-memory broker started empty: give every unfinished job a new dispatch record."""
     db = make_engine(stack.database_url, pool_size=1)
     try:
-        repo = JobRepository(
-            db,
-            dispatch_topic=stack.settings.dispatch_topic,
-            events_topic=stack.settings.events_topic,
-        )
-        await repo.redispatch_unfinished()
-        # The recorded partition ends index the lost log too.
-        await OutboxStore(db, dispatch_topic=stack.settings.dispatch_topic).forget_ends()
+        store = OutboxStore(db, dispatch_topic=stack.settings.dispatch_topic)
+        await store.redispatch_unfinished()
+        await store.reset_ends()  # the recorded partition ends index the lost log too
     finally:
         await db.dispose()
 

@@ -91,3 +91,35 @@ async def close_client(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise
+
+
+class GroupReader:
+    """A consumer with a group's id that never joins the group: it reads the group's
+    committed offsets and the topic's first and end offsets. Started on first use; after a
+    broker error the caller closes it and the next use starts a fresh one."""
+
+    def __init__(self, bootstrap: str, group_id: str) -> None:
+        self._bootstrap = bootstrap
+        self._group_id = group_id
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def consumer(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self._bootstrap,
+                group_id=self._group_id,
+                enable_auto_commit=False,
+                request_timeout_ms=5_000,
+            )
+            try:
+                await consumer.start()
+            except BaseException:
+                await close_client(consumer)
+                raise
+            self._consumer = consumer
+        return self._consumer
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await close_client(consumer)

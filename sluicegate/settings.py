@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     replication_factor: int = Field(default=1, ge=1)
     # Apache Kafka supports the idempotent producer; the embedded Tansu broker does not.
     kafka_idempotent_producer: bool = True
+    # Apache Kafka's ListOffsets end is exact (the high watermark of acknowledged records);
+    # Tansu's can trail by a record batch. Off, the reconciler does not take a record at or
+    # past the end for a lost one.
+    kafka_exact_end_offsets: bool = True
 
     # API
     # Who the caller is: "api_key" maps an `Authorization: Bearer <key>` to its tenant
@@ -89,11 +93,26 @@ class Settings(BaseSettings):
     max_wait_s: float = Field(default=60.0, gt=0)
     # On SIGTERM, how long the API lets open requests (waits included) finish.
     api_shutdown_timeout_s: int = Field(default=5, ge=1)
+    # Group commit of single submits (producers/group_commit.py): concurrent POST /v1/jobs
+    # are stored by one statement, one transaction, each answered after its commit. A group
+    # is written at once when no other is being written; else when it holds
+    # submit_batch_max submits, or submit_batch_wait_ms after its first, and one of the
+    # submit_batch_writers is free. submit_batch_max = 1: one statement per submit.
+    submit_batch_max: int = Field(default=256, ge=1)
+    submit_batch_wait_ms: float = Field(default=2.0, ge=0, le=1000)
+    submit_batch_writers: int = Field(default=2, ge=1, le=64)
 
     # Outbox relay
     relay_batch_size: int = Field(default=500, ge=1)
     relay_idle_poll_s: float = Field(default=1.0, gt=0)
     relay_send_timeout_s: float = Field(default=15.0, gt=0)
+    # The reconciler (in the relay process, producers/reconciler.py) compares each job's
+    # dispatch record position with the broker's log this often and dispatches again the
+    # jobs whose record is gone: the bound on how long such a job waits.
+    reconcile_interval_s: float = Field(default=15.0, gt=0)
+    # A running job whose record is gone is dispatched again (a new attempt that fences the
+    # old one) only once its attempt has run this long: its worker may still be decoding.
+    reconcile_running_after_s: float = Field(default=900.0, gt=0)
 
     # Workers
     engine: Literal["sim", "vllm_http", "vllm_local"] = "sim"

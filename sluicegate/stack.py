@@ -85,6 +85,7 @@ class Stack:
         env["SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS"] = self.bootstrap
         if self._broker is not None:
             env["SLUICEGATE_KAFKA_IDEMPOTENT_PRODUCER"] = "false"
+            env["SLUICEGATE_KAFKA_EXACT_END_OFFSETS"] = "false"
         env["SLUICEGATE_DATA_DIR"] = str(self.settings.data_dir)
         env["PYTHONUNBUFFERED"] = "1"
         return env

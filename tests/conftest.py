@@ -137,6 +137,7 @@ async def settings(
         dead_letter_topic=f"{topic_prefix}.deadletter",
         consumer_group=f"{topic_prefix}-workers",
         kafka_idempotent_producer=not kafka_is_tansu,
+        kafka_exact_end_offsets=not kafka_is_tansu,
         partitions=4,
         data_dir=tmp_path,
         # The features under test, not authentication: the tenant comes from the header.

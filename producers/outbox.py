@@ -1,0 +1,244 @@
+"""The outbox's SQL: publishing rows (the relay), recording where each dispatch record lies,
+and dispatching a job again when its record is gone (the reconciler, ``sluicegate up``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Integer, and_, bindparam, case, column, delete, func, insert, select, update
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.types import BigInteger
+
+from schemas.envelopes import DispatchEnvelope
+from schemas.jobs import estimate_tokens
+from schemas.states import JobState
+from schemas.tables import jobs, outbox, partition_ends
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutboxRow:
+    id: int
+    topic: str
+    key: str
+    payload: bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Acked:
+    """Where the broker put one published record; ``log`` is the broker cluster's id."""
+
+    topic: str
+    partition: int
+    offset: int
+    log: str | None = None
+
+
+Publish = Callable[[list[OutboxRow]], Awaitable[list[Acked]]]
+
+UNSTARTED_OR_RUNNING = [JobState.DISPATCHED.value, JobState.RUNNING.value]
+
+
+def dispatch_row(topic: str, job: Mapping[Any, Any]) -> dict[str, object]:
+    """The outbox row of a job's dispatch record (``job``: the job's columns)."""
+    envelope = DispatchEnvelope(
+        job_id=str(job["id"]),
+        tenant=job["tenant"],
+        kind=job["kind"],
+        priority=job["priority"],
+        max_tokens=job["max_tokens"],
+        prompt_tokens=estimate_tokens(job["input"]),
+        deadline=job["deadline"],
+    )
+    return {"topic": topic, "key": str(job["id"]), "payload": envelope.to_bytes()}
+
+
+async def redispatch(conn: AsyncConnection, topic: str, which: ColumnElement[bool]) -> list[str]:
+    """Give the unfinished jobs ``which`` picks a new dispatch record, in the caller's
+    transaction; returns their ids.
+
+    Their recorded position is cleared (the reconciler leaves them alone until the new
+    record is published). Workers treat a second record for a job as a redelivery. A
+    queued job is not picked: its first record is still waiting in the outbox.
+    """
+    rows = (
+        await conn.execute(
+            update(jobs)
+            .where(which, jobs.c.state.in_(UNSTARTED_OR_RUNNING))
+            .values(dispatch_log=None, dispatch_partition=None, dispatch_offset=None)
+            .returning(
+                jobs.c.id,
+                jobs.c.tenant,
+                jobs.c.kind,
+                jobs.c.priority,
+                jobs.c.max_tokens,
+                jobs.c.deadline,
+                jobs.c.input,
+            )
+        )
+    ).all()
+    if rows:
+        await conn.execute(insert(outbox), [dispatch_row(topic, r._mapping) for r in rows])
+    return [str(r.id) for r in rows]
+
+
+class OutboxStore:
+    """The outbox relay's queries. Rows stay locked while they are being published."""
+
+    def __init__(self, engine: AsyncEngine, *, dispatch_topic: str) -> None:
+        self._engine = engine
+        self._dispatch_topic = dispatch_topic
+
+    async def publish_batch(self, limit: int, publish: Publish) -> int:
+        """Lock up to ``limit`` unpublished rows, publish them, mark them; all or nothing."""
+        async with self._engine.begin() as conn:
+            found = (
+                await conn.execute(
+                    select(outbox.c.id, outbox.c.topic, outbox.c.key, outbox.c.payload)
+                    .where(outbox.c.published_at.is_(None))
+                    .order_by(outbox.c.id)
+                    .limit(limit)
+                    .with_for_update(skip_locked=True)
+                )
+            ).all()
+            if not found:
+                return 0
+            rows = [OutboxRow(id=r.id, topic=r.topic, key=r.key, payload=r.payload) for r in found]
+            acked = await publish(rows)
+            now = datetime.now(UTC)
+            await self._record_ends(conn, acked, now)
+            await conn.execute(
+                update(outbox).where(outbox.c.id.in_([r.id for r in rows])).values(published_at=now)
+            )
+            await self._record_positions(conn, rows, acked, now)
+        return len(rows)
+
+    async def _record_positions(
+        self, conn: AsyncConnection, rows: list[OutboxRow], acked: list[Acked], now: datetime
+    ) -> None:
+        """A dispatched job is ``dispatched`` (unless it went further meanwhile) and its
+        position is its newest record's."""
+        positions = {
+            row.key: a
+            for row, a in zip(rows, acked, strict=True)
+            if a.topic == self._dispatch_topic
+        }
+        if not positions:
+            return
+        # Arrays, not a VALUES list: the statement is the same whatever the batch size, so
+        # SQLAlchemy compiles it once.
+        published = (
+            func.unnest(
+                bindparam("ids", type_=ARRAY(UUID(as_uuid=False))),
+                bindparam("partitions", type_=ARRAY(Integer())),
+                bindparam("offsets", type_=ARRAY(BigInteger())),
+            )
+            .table_valued(
+                column("id", UUID(as_uuid=False)),
+                column("partition", Integer()),
+                column("offset", BigInteger()),
+            )
+            .render_derived(name="published")
+        )
+        queued = jobs.c.state == JobState.QUEUED.value
+        await conn.execute(
+            update(jobs)
+            .where(jobs.c.id == published.c.id)
+            .values(
+                state=case((queued, JobState.DISPATCHED.value), else_=jobs.c.state),
+                dispatched_at=func.coalesce(jobs.c.dispatched_at, now),
+                updated_at=case((queued, now), else_=jobs.c.updated_at),
+                dispatch_log=next(iter(positions.values())).log,
+                dispatch_partition=published.c.partition,
+                dispatch_offset=published.c.offset,
+            ),
+            {
+                "ids": list(positions),
+                "partitions": [a.partition for a in positions.values()],
+                "offsets": [a.offset for a in positions.values()],
+            },
+        )
+
+    async def _record_ends(self, conn: AsyncConnection, acked: list[Acked], now: datetime) -> None:
+        ends: dict[tuple[str, int], int] = {}
+        logs: dict[tuple[str, int], str | None] = {}
+        for a in acked:
+            if a.topic == self._dispatch_topic:
+                key = (a.topic, a.partition)
+                ends[key] = max(ends.get(key, 0), a.offset + 1)
+                logs[key] = a.log
+        if not ends:
+            return
+        statement = pg_insert(partition_ends).values(
+            [
+                {"topic": t, "partition": p, "end_offset": e, "log": logs[t, p], "updated_at": now}
+                for (t, p), e in ends.items()
+            ]
+        )
+        same_log = partition_ends.c.log.is_not_distinct_from(statement.excluded.log)
+        await conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=["topic", "partition"],
+                set_={
+                    # An end from another log (the broker lost its data) is replaced.
+                    "end_offset": case(
+                        (
+                            same_log,
+                            func.greatest(
+                                partition_ends.c.end_offset, statement.excluded.end_offset
+                            ),
+                        ),
+                        else_=statement.excluded.end_offset,
+                    ),
+                    "log": statement.excluded.log,
+                    "updated_at": now,
+                },
+            )
+        )
+
+    async def reset_ends(self, log: str | None = None, ends: dict[int, int] | None = None) -> int:
+        """Void the recorded ends that are not of ``log`` (all of them without ``log``) and
+        put ``ends`` (that log's) in their place; the relay records ends again as it
+        publishes. Returns how many were void."""
+        topic = self._dispatch_topic
+        void = partition_ends.c.topic == topic
+        if log is not None:
+            void = and_(void, partition_ends.c.log.is_distinct_from(log))
+        async with self._engine.begin() as conn:
+            gone = (
+                (
+                    await conn.execute(
+                        delete(partition_ends).where(void).returning(partition_ends.c.partition)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            if ends and gone:
+                now = datetime.now(UTC)
+                await conn.execute(
+                    insert(partition_ends),
+                    [
+                        {
+                            "topic": topic,
+                            "partition": p,
+                            "end_offset": ends.get(p, 0),
+                            "log": log,
+                            "updated_at": now,
+                        }
+                        for p in gone
+                    ],
+                )
+        return len(gone)
+
+    async def redispatch_unfinished(self) -> int:
+        """A dispatch record for every job that has not ended: for a broker known to have
+        lost its whole log (the embedded one keeps it in memory)."""
+        async with self._engine.begin() as conn:
+            done = await redispatch(conn, self._dispatch_topic, jobs.c.id.is_not(None))
+        return len(done)
