@@ -26,9 +26,19 @@ def app_from_env() -> FastAPI:
     return create_app(Settings())
 
 
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
 def serve_api(settings: Settings, *, processes: int = 1) -> None:
     """Serve the API; uvicorn drains in-flight requests on SIGTERM, and cuts requests still
-    open after ``api_shutdown_timeout_s`` (long-polls and ?wait= submits hold theirs)."""
+    open after ``api_shutdown_timeout_s`` (long-polls and ?wait= submits hold theirs).
+
+    After its drain, uvicorn gives the signal back to the handler it found; the default one
+    would kill the drained process (exit -15), so ours exits 0.
+    """
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_cleanly)
     if processes > 1:
         uvicorn.run(
             "producers.service:app_from_env",
