@@ -65,14 +65,16 @@ class Executor:
         repo: WorkerRepository,
         control: Control,
         predecode: PreDecodeGate,
+        takeover_grace_s: float = 20.0,
     ) -> None:
         self._engine = engine
         self._repo = repo
         self.control = control
         self._predecode = predecode
+        self._takeover_grace_s = takeover_grace_s
 
     async def claim(
-        self, job_ids: list[str], stop: asyncio.Event
+        self, job_ids: list[str], stop: asyncio.Event | None = None
     ) -> dict[str, Claimed | Drop | None] | None:
         """Judge and claim a batch through the pre-decode gate; None if ``stop`` came while
         the database was unavailable (the records stay uncommitted)."""
@@ -96,21 +98,53 @@ class Executor:
 
     async def run(self, job: Claimed, progress: Progress) -> None:
         """Decode a claimed job to a terminal state, or leave it for redelivery if the
-        task is cancelled first (a revoke or a stop past the drain timeout)."""
+        task is cancelled first (a revoke or a stop past the drain timeout).
+
+        Returning means the job is terminal, so its record may be committed. When another
+        attempt took the job over and it is not terminal, it is claimed back after
+        ``takeover_grace_s`` unless it has ended by then: the other attempt can be a
+        zombie's (a worker expelled from the group that still read a record of this
+        partition), whose revoke drops or cancels its attempt and leaves the job running
+        for no one.
+        """
+        current: Claimed | None = job
+        while current is not None:
+            if await self._attempt(current, progress):
+                return
+            current = await self._take_back(current)
+
+    async def _attempt(self, job: Claimed, progress: Progress) -> bool:
+        """One attempt; whether the job is terminal after it (ended here or elsewhere)."""
         running = self.control.track(job, f"{job.id}:{job.attempt}")
         try:
             decoded = await self._decode(running, progress)
             if running.reason is not None:
-                await self._stopped(running)
+                ended = await self._stopped(running)
             elif decoded.failure is not None:
                 WASTED_TOKENS.labels(reason="failed").inc(len(decoded.pieces))
-                await self._finish(
+                ended = await self._finish(
                     job, JobState.FAILED, error=decoded.failure, decoded_tokens=len(decoded.pieces)
                 )
             else:
-                await self._succeeded(job, decoded, progress)
+                ended = await self._succeeded(job, decoded, progress)
         finally:
             self.control.untrack(running)
+        return ended or await self._retrying(lambda: self._repo.is_terminal(job.id))
+
+    async def _take_back(self, job: Claimed) -> Claimed | None:
+        """Claim a job back from the attempt that took it over, once that attempt had
+        ``takeover_grace_s`` to end it; None if it ended (or the pre-decode gate dropped
+        it)."""
+        log.warning(
+            "job %s attempt %d was taken over but has not ended; claiming it back in %.1fs",
+            job.id,
+            job.attempt,
+            self._takeover_grace_s,
+        )
+        await asyncio.sleep(self._takeover_grace_s)
+        outcomes = await self.claim([job.id])
+        outcome = outcomes.get(job.id) if outcomes is not None else None
+        return outcome if isinstance(outcome, Claimed) else None
 
     async def _decode(self, running: Running, progress: Progress) -> Decoded:
         job = running.job
@@ -150,7 +184,7 @@ class Executor:
         out.total_s = time.monotonic() - started
         return out
 
-    async def _succeeded(self, job: Claimed, decoded: Decoded, progress: Progress) -> None:
+    async def _succeeded(self, job: Claimed, decoded: Decoded, progress: Progress) -> bool:
         ended = datetime.now(UTC)
         pieces = decoded.pieces
         progress.completed(len(pieces))
@@ -165,11 +199,12 @@ class Executor:
             # expired, whatever the margin.
             WASTED_TOKENS.labels(reason=reasons.DEADLINE_PASSED).inc(len(pieces))
             drop = Drop(state=JobState.EXPIRED, reason=reasons.DEADLINE_PASSED)
-            if not await self._finish(
+            if await self._finish(
                 job, drop.state, error=drop.error("decode"), decoded_tokens=len(pieces), at=ended
             ):
-                await self._retrying(lambda: self._repo.record_decoded(job, len(pieces)))
-            return
+                return True
+            await self._retrying(lambda: self._repo.record_decoded(job, len(pieces)))
+            return False
         result = {
             "text": "".join(pieces),
             "engine": self._engine.name,
@@ -180,13 +215,15 @@ class Executor:
         written = await self._finish(
             job, JobState.SUCCEEDED, result=result, decoded_tokens=len(pieces), at=ended
         )
-        if not written:  # cancelled or abandoned after its last token, before this write
+        if not written:  # cancelled, abandoned or taken over after its last token
             WASTED_TOKENS.labels(reason="superseded").inc(len(pieces))
             await self._retrying(lambda: self._repo.record_decoded(job, len(pieces)))
+        return written
 
-    async def _stopped(self, running: Running) -> None:
+    async def _stopped(self, running: Running) -> bool:
         """The job was stopped mid-decode: make sure the engine let go of it, count what
-        it decoded as wasted, and write or annotate its end."""
+        it decoded as wasted, and write or annotate its end. Whether it is known to have
+        ended (not when another attempt took it over)."""
         job, reason, decoded = running.job, running.reason or "stopped", running.decoded
         await asyncio.shield(self._engine.abort(running.request_id))
         ABORTED.labels(reason=reason).inc()
@@ -196,8 +233,9 @@ class Executor:
             if await self._finish(
                 job, drop.state, error=drop.error("decode"), decoded_tokens=decoded
             ):
-                return
+                return True
         await self._retrying(lambda: self._repo.record_decoded(job, decoded))
+        return running.state is not None and running.state.terminal
 
     async def _finish(
         self,

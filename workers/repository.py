@@ -254,6 +254,12 @@ class WorkerRepository:
             if r.state != JobState.RUNNING.value or r.attempt != running[str(r.id)]
         ]
 
+    async def is_terminal(self, job_id: str) -> bool:
+        """Whether the job has reached a terminal state (by any attempt, or a cancel)."""
+        async with self._engine.connect() as conn:
+            state = await conn.scalar(select(jobs.c.state).where(jobs.c.id == job_id))
+        return state is None or JobState(state).terminal
+
     async def record_decoded(self, job: Claimed, tokens: int) -> None:
         """The tokens an attempt decoded before it was stopped by someone else's write
         (a cancel or a disconnect): marks the stop as made mid-decode."""

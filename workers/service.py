@@ -143,6 +143,8 @@ async def run_worker(
                 repo=repo,
                 control=control,
                 predecode=build_predecode(settings, gate),
+                # A revoked owner's jobs end or are aborted within its drain.
+                takeover_grace_s=settings.drain_timeout_s,
             )
             watch(inference, gate)
             worker = Worker(
