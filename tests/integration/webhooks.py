@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from ipaddress import ip_network
 from typing import Any
 
+import httpx
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from standardwebhooks import Webhook, WebhookVerificationError
@@ -106,12 +108,16 @@ class Receiver:
 
 
 @contextlib.asynccontextmanager
-async def receiving(receiver: Receiver, host: str = "127.0.0.1") -> AsyncIterator[Receiver]:
+async def receiving(
+    receiver: Receiver, host: str = "127.0.0.1", sock: socket.socket | None = None
+) -> AsyncIterator[Receiver]:
+    """The receiver under uvicorn on a free port of ``host``, or listening on ``sock`` (a
+    socket bound beforehand, see ``reserved_port``)."""
     config = uvicorn.Config(
         receiver.app(), host=host, port=0, lifespan="off", log_config=None, access_log=False
     )
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock] if sock else None))
     try:
         await until(lambda: server.started or task.done(), within_s=10)
         assert server.started, "uvicorn did not start"
@@ -121,6 +127,19 @@ async def receiving(receiver: Receiver, host: str = "127.0.0.1") -> AsyncIterato
     finally:
         server.should_exit = True
         await task
+
+
+@contextlib.contextmanager
+def reserved_port(receiver: Receiver, host: str = "127.0.0.1") -> Iterator[socket.socket]:
+    """A socket bound to a free port of ``host`` that does not listen: a connection to it
+    is refused (a receiver that is down) until ``receiving(receiver, host, sock)`` serves
+    on it. ``receiver.url`` points there from now on."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        receiver.host = host
+        receiver.port = sock.getsockname()[1]
+        yield sock
 
 
 def webhook_settings(settings: Settings, **overrides: Any) -> Settings:
@@ -154,38 +173,45 @@ async def webhook_pipeline(settings: Settings, *, start: bool = True) -> AsyncIt
         yield pipeline
 
 
-async def create_secret(pipeline: Pipeline, tenant: str | None = None) -> dict[str, Any]:
+# The API: a pipeline's client, or a client of the API served alone (tests/faults).
+API = Pipeline | httpx.AsyncClient
+
+
+def _client(api: API) -> httpx.AsyncClient:
+    return api.client if isinstance(api, Pipeline) else api
+
+
+async def create_secret(api: API, tenant: str | None = None) -> dict[str, Any]:
     headers = {"X-Sluicegate-Tenant": tenant} if tenant else {}
-    r = await pipeline.client.post("/v1/webhooks/secrets", headers=headers)
+    r = await _client(api).post("/v1/webhooks/secrets", headers=headers)
     assert r.status_code == 201, r.text
     body: dict[str, Any] = r.json()
     return body
 
 
-async def submit(pipeline: Pipeline, callback_url: str | None, **extra: Any) -> str:
+async def submit(api: API, callback_url: str | None, **extra: Any) -> str:
     body: dict[str, Any] = {"kind": "summarize", "input": DOC, **extra}
     if callback_url is not None:
         body["callback_url"] = callback_url
-    r = await pipeline.client.post("/v1/jobs", json=body)
+    r = await _client(api).post("/v1/jobs", json=body)
     assert r.status_code == 202, r.text
     job_id: str = r.json()["id"]
     return job_id
 
 
-async def delivery_of(
-    pipeline: Pipeline, subject: str, state: str, within_s: float = 60
-) -> dict[str, Any]:
+async def delivery_of(api: API, subject: str, state: str, within_s: float = 60) -> dict[str, Any]:
     """The subject's one delivery, with its attempts, once it has finished (delivered or
     dead); it must have finished in ``state``."""
+    client = _client(api)
     async with asyncio.timeout(within_s):
         while True:
-            r = await pipeline.client.get("/v1/webhooks/deliveries", params={"subject": subject})
+            r = await client.get("/v1/webhooks/deliveries", params={"subject": subject})
             assert r.status_code == 200, r.text
             found = r.json()["data"]
             assert len(found) <= 1, found
             if found and found[0]["state"] != "pending":
                 assert found[0]["state"] == state, found[0]
-                detail = await pipeline.client.get(f"/v1/webhooks/deliveries/{found[0]['id']}")
+                detail = await client.get(f"/v1/webhooks/deliveries/{found[0]['id']}")
                 assert detail.status_code == 200, detail.text
                 view: dict[str, Any] = detail.json()
                 return view
