@@ -14,10 +14,11 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers import batches, deliveries, errors, status
+from producers import batches, deliveries, errors, openapi, status
 from producers.admission import AdmissionController, Policy
 from producers.batch_repository import BatchStore
 from producers.flow import report_flow
+from producers.group_commit import GroupCommit
 from producers.lag import KafkaLagSource, LagMonitor, LagSource
 from producers.limits import BodyLimit
 from producers.metrics import SUBMITTED
@@ -73,8 +74,17 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own = engine is None
         db = engine if engine is not None else make_engine(settings.require_database_url())
+        # The submits' own connections: autocommit, one statement per group of submits.
+        submit_db = make_engine(
+            db.url.render_as_string(hide_password=False),
+            pool_size=settings.submit_batch_writers,
+            autocommit=True,
+        )
         repo = JobRepository(
-            db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic
+            db,
+            dispatch_topic=settings.dispatch_topic,
+            events_topic=settings.events_topic,
+            autocommit=submit_db,
         )
         source = lag_source or KafkaLagSource(
             db=db,
@@ -87,6 +97,8 @@ def create_app(
             source, interval_s=settings.lag_interval_s, stale_after_s=settings.lag_stale_after_s
         )
         app.state.repo = repo
+        groups = GroupCommit.of(repo, settings)
+        app.state.group_commit = groups
         app.state.batches = BatchStore(
             db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic
         )
@@ -114,6 +126,7 @@ def create_app(
                 report_flow(repo, monitor, stop, app.state.admission.running_jobs), name="flow"
             ),
             asyncio.create_task(listener.run(stop), name="jobs-listener"),
+            asyncio.create_task(groups.run(stop), name="submit-groups"),
         ]
         try:
             yield
@@ -122,6 +135,7 @@ def create_app(
             await asyncio.gather(*tasks, return_exceptions=True)
             if isinstance(source, KafkaLagSource):
                 await source.close()
+            await submit_db.dispose()
             if own:
                 await db.dispose()
 
@@ -136,12 +150,14 @@ def create_app(
         min_rate=settings.request_min_rate,
     )
     errors.install(app)
-    app.include_router(batches.router)
-    app.include_router(deliveries.router)
 
     def repo(request: Request) -> JobRepository:
         repository: JobRepository = request.app.state.repo
         return repository
+
+    def group_commit(request: Request) -> GroupCommit:
+        groups: GroupCommit = request.app.state.group_commit
+        return groups
 
     async def wait_for(request: Request, tenant: str, job_id: str, wait_s: float) -> Job:
         waited = await wait_for_terminal(
@@ -169,7 +185,7 @@ def create_app(
             str | None, Header(alias=constants.HEADER_IDEMPOTENCY_KEY, max_length=255)
         ] = None,
         wait: WaitQuery = None,
-    ) -> JSONResponse:
+    ) -> Response:
         wait = wait_limit(wait, settings.max_wait_s)  # refused before anything is stored
         now = datetime.now(UTC)
         new = new_job(body, tenant=tenant, header_key=idempotency_key, now=now, settings=settings)
@@ -183,7 +199,7 @@ def create_app(
             now=now,
         )
         try:
-            job, created = await repo(request).submit(new)
+            job, created = await group_commit(request).submit(new)
         except BaseException:
             admission.withdrawn()
             raise
@@ -212,8 +228,11 @@ def create_app(
             created_at=job.created_at,
             status_url=_status_url(job.id),
         )
-        return JSONResponse(
-            answer.model_dump(mode="json"), status_code=202 if created else 200, headers=headers
+        return Response(
+            answer.model_dump_json(),
+            status_code=202 if created else 200,
+            headers=headers,
+            media_type="application/json",
         )
 
     @app.get(
@@ -295,4 +314,8 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
+    # After the job routes: a request is matched against the routes in order, and the
+    # single submit is the busiest of them.
+    app.include_router(batches.router)
+    app.include_router(deliveries.router)
     return app

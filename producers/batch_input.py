@@ -27,7 +27,7 @@ from schemas.batches import (
     window_seconds,
 )
 from schemas.errors import InvalidRequest, SluicegateError
-from schemas.jobs import Priority
+from schemas.jobs import Priority, utf8_length
 from schemas.webhooks import check_callback_url
 from sluicegate.settings import Settings
 
@@ -68,7 +68,7 @@ def _validation_message(exc: ValidationError) -> str:
 def _check_input(text: str, max_tokens: int, settings: Settings) -> None:
     if not text.strip():
         raise InvalidRequest("the input is blank")
-    if len(text.encode("utf-8")) > settings.max_input_bytes:
+    if utf8_length(text) > settings.max_input_bytes:
         raise InvalidRequest(f"the input is over the limit of {settings.max_input_bytes} bytes")
     if max_tokens > settings.max_tokens_limit:
         raise InvalidRequest(f"max_tokens is over the limit of {settings.max_tokens_limit}")

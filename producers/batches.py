@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated
@@ -166,8 +167,8 @@ async def create_batch(
     headers = {"Location": f"/v1/batches/{view.id}"}
     if created:
         admission.settled(jobs)
-        for r in new.requests:
-            SUBMITTED.labels(kind=r.kind.value, priority=new.priority.value).inc()
+        for kind, n in Counter(r.kind.value for r in new.requests).items():
+            SUBMITTED.labels(kind=kind, priority=new.priority.value).inc(n)
     else:
         admission.withdrawn(jobs)
         headers[constants.HEADER_IDEMPOTENT_REPLAY] = "true"

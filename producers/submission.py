@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from schemas.api import SubmitJob
 from schemas.errors import InvalidRequest, PayloadTooLarge
-from schemas.jobs import NewJob
+from schemas.jobs import NewJob, utf8_length
 from schemas.webhooks import check_callback_url
 from sluicegate.settings import Settings
 
@@ -44,7 +44,7 @@ def new_job(
 ) -> NewJob:
     if body.deadline is not None and body.ttl_s is not None:
         raise InvalidRequest("give either deadline or ttl_s, not both")
-    if len(body.input.encode("utf-8")) > settings.max_input_bytes:
+    if utf8_length(body.input) > settings.max_input_bytes:
         raise InputTooLarge(f"input is over the limit of {settings.max_input_bytes} bytes")
     if not body.input.strip():
         raise InvalidRequest("input is blank", details=[{"loc": ["input"], "type": "blank"}])

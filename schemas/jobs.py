@@ -22,9 +22,15 @@ class Priority(StrEnum):
     HIGH = "high"
 
 
+def utf8_length(text: str) -> int:
+    """Bytes of ``text`` in UTF-8; an ASCII text (known to CPython at no cost) is not
+    encoded to count them."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
 def estimate_tokens(text: str) -> int:
     """Engine-neutral token estimate used for admission and KV reservation (~4 chars/token)."""
-    return max(1, (len(text.encode("utf-8")) + 3) // 4)
+    return max(1, (utf8_length(text) + 3) // 4)
 
 
 @dataclass(frozen=True, kw_only=True)
