@@ -26,6 +26,22 @@ from schemas.jobs import Priority
 from sluicegate.settings import Settings
 
 UNAVAILABLE = frozenset({"lag_unknown", "database_unavailable", "broker_unavailable"})
+# Why a submit is refused: the yield's ``reason`` and its error code (429; 503 for the
+# UNAVAILABLE ones). docs/api.md lists them (producers/apidoc.py).
+REFUSALS = {
+    "lag_soft": "`admission_mode=reject` and the lag is at the blocking threshold of the "
+    "request's priority (`lag_soft`; `lag_soft * low_priority_factor` for `low`).",
+    "lag_hard": "The lag is at the refusal threshold of the request's priority (`lag_hard`; "
+    "`lag_soft` for `low`), or a batch's jobs on top of the lag would pass it.",
+    "too_many_blocked": "`max_blocked` requests already wait for the lag to fall.",
+    "block_timeout": "The lag did not fall below the blocking threshold within `max_block_ms`.",
+    "deadline_unreachable": "The predicted queue wait plus service time passes the deadline.",
+    "tenant_rpm": "The tenant is over its requests-per-minute limit (`tenant_rpm`).",
+    "tenant_tpm": "The tenant is over its tokens-per-minute limit (`tenant_tpm`).",
+    "lag_unknown": "The lag has not been read for `lag_stale_after_s`: unknown counts as full.",
+    "database_unavailable": "The lag cannot be read: the database is unavailable.",
+    "broker_unavailable": "The lag cannot be read: the broker is unavailable.",
+}
 
 
 class Refused(SluicegateError):

@@ -28,7 +28,7 @@ from producers.submission import new_job
 from producers.tenancy import KeyStore, Tenant
 from producers.waiting import Reads, Waiters, wait_for_terminal, wait_limit
 from schemas import constants
-from schemas.api import ErrorResponse, JobList, JobView, SubmitJob, SubmitResponse
+from schemas.api import JobList, JobView, SubmitJob, SubmitResponse
 from schemas.errors import JobNotFound
 from schemas.jobs import Job, estimate_tokens
 from schemas.states import JobState
@@ -42,9 +42,7 @@ MAX_PAGE = 1000
 # A ?wait= that ran out before the job ended: poll again (or wait again) in this long.
 WAIT_RETRY_AFTER_S = 1
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 404, 408, 409, 413, 422, 429, 503)
-}
+_ERRORS = openapi.errors(400, 401, 404, 408, 409, 413, 422, 429, 503)
 
 WaitQuery = Annotated[
     float | None,
@@ -175,7 +173,23 @@ def create_app(
         "/v1/jobs",
         status_code=202,
         response_model=SubmitResponse | JobView,
-        responses={200: {"model": SubmitResponse | JobView}, **_ERRORS},
+        summary="Submit a job",
+        description="Admitted before anything is stored: 202 once the job is committed, or "
+        "a refusal (429, or 503 while the lag is unknown) with Retry-After and the yield body. "
+        "Give Idempotency-Key (or idempotency_key) so that a retry cannot make a second job.",
+        responses={
+            202: {
+                "headers": openapi.headers(
+                    "Location", constants.HEADER_IDEMPOTENT_REPLAY, "Retry-After"
+                )
+            },
+            200: {
+                "model": SubmitResponse | JobView,
+                "description": "An idempotent replay, or with ?wait= the job once it ended",
+                "headers": openapi.headers("Location", constants.HEADER_IDEMPOTENT_REPLAY),
+            },
+            **_ERRORS,
+        },
     )
     async def submit(
         body: SubmitJob,
@@ -264,14 +278,24 @@ def create_app(
     @app.get(
         "/v1/jobs/{job_id}",
         response_model=JobView,
-        responses={304: {"description": "Not modified (If-None-Match)"}, **_ERRORS},
+        summary="Read a job (?wait= to long-poll)",
+        responses={
+            200: {"headers": openapi.headers("ETag", "Retry-After")},
+            304: {
+                "description": "Not modified (If-None-Match)",
+                "headers": openapi.headers("ETag", "Retry-After"),
+            },
+            **_ERRORS,
+        },
     )
     async def get_job(
         job_id: str,
         request: Request,
         tenant: Tenant,
         wait: WaitQuery = None,
-        if_none_match: Annotated[str | None, Header()] = None,
+        if_none_match: Annotated[
+            str | None, Header(description="An ETag from an earlier answer: 304 if unchanged")
+        ] = None,
     ) -> Response:
         """The job, with a weak ETag (If-None-Match answers 304) and, until it is terminal,
         a Retry-After poll hint and a queue estimate. A GET renews its heartbeat lease
@@ -294,18 +318,35 @@ def create_app(
             return Response(status_code=304, headers=headers)
         return JSONResponse(answer.model_dump(mode="json"), headers=headers)
 
-    @app.post("/v1/jobs/{job_id}/heartbeat", response_model=JobView, responses=_ERRORS)
+    @app.post(
+        "/v1/jobs/{job_id}/heartbeat",
+        response_model=JobView,
+        responses=_ERRORS,
+        summary="Renew a job's heartbeat lease",
+    )
     async def heartbeat(job_id: str, request: Request, tenant: Tenant) -> JobView:
         """Renew the job's heartbeat lease; 409 once the job has ended."""
         job = await repo(request).touch(tenant, _job_id(job_id))
         return JobView.of(job, _status_url(job.id))
 
-    @app.delete("/v1/jobs/{job_id}", response_model=JobView, responses=_ERRORS)
+    @app.delete(
+        "/v1/jobs/{job_id}",
+        response_model=JobView,
+        responses=_ERRORS,
+        summary="Cancel a job",
+        description="Writes cancelled at once; a running job is aborted in the engine within "
+        "a decode step. 409 job_terminal if the job already ended.",
+    )
     async def cancel_job(job_id: str, request: Request, tenant: Tenant) -> JobView:
         job = await repo(request).cancel(tenant, _job_id(job_id))
         return JobView.of(job, _status_url(job.id))
 
-    @app.get("/healthz")
+    @app.get(
+        "/healthz",
+        summary="Health",
+        description="200 while the database answers; 503 database_unavailable otherwise.",
+        responses=openapi.errors(503),
+    )
     async def healthz(request: Request) -> dict[str, str]:
         await repo(request).ping()
         return {"status": "ok"}

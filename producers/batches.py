@@ -20,13 +20,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
+from producers import openapi
 from producers.admission import AdmissionController
 from producers.batch_input import create_body, jsonl_lines, new_batch, parse_create
 from producers.batch_repository import BatchStore
 from producers.metrics import SUBMITTED
 from producers.tenancy import Tenant
 from schemas import constants
-from schemas.api import ErrorResponse
 from schemas.batches import (
     BatchList,
     BatchView,
@@ -45,10 +45,7 @@ RESULTS_CHUNK = 500
 JSONL = "application/jsonl"
 JSONL_TYPES = (JSONL, "application/x-ndjson", "application/json-lines")
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorResponse}
-    for status in (400, 401, 404, 408, 409, 413, 415, 422, 429, 503)
-}
+_ERRORS = openapi.errors(400, 401, 404, 408, 409, 413, 415, 422, 429, 503)
 _OPTIONS = {
     "completion_window": {"type": "string", "default": "24h"},
     "metadata": {"type": "string", "description": "a JSON object of strings"},
@@ -130,14 +127,27 @@ async def _body(request: Request) -> CreateBatch:
     status_code=201,
     response_model=BatchView,
     summary="Create a batch from OpenAI Batch request lines",
-    responses={200: {"model": BatchView, "description": "An idempotent replay"}},
+    responses={
+        201: {"headers": openapi.headers("Location")},
+        200: {
+            "model": BatchView,
+            "description": "An idempotent replay",
+            "headers": openapi.headers("Location", constants.HEADER_IDEMPOTENT_REPLAY),
+        },
+    },
     openapi_extra={"requestBody": _REQUEST_BODY},
 )
 async def create_batch(
     request: Request,
     tenant: Tenant,
     idempotency_key: Annotated[
-        str | None, Header(alias=constants.HEADER_IDEMPOTENCY_KEY, max_length=255)
+        str | None,
+        Header(
+            alias=constants.HEADER_IDEMPOTENCY_KEY,
+            max_length=255,
+            description="A replay with the same key (and the same request) answers what the "
+            "first stored; with a different request, 409 idempotency_key_reused",
+        ),
     ] = None,
 ) -> JSONResponse:
     """Admitted whole (201) or refused whole (429/503 with Retry-After, 413 when it can
@@ -190,7 +200,7 @@ async def list_batches(
     return BatchList(data=page, next_after=page[-1].id if more else None)
 
 
-@router.get("/{batch_id}", response_model=BatchView)
+@router.get("/{batch_id}", response_model=BatchView, summary="Read a batch")
 async def get_batch(batch_id: str, request: Request, tenant: Tenant) -> BatchView:
     """OpenAI's batch object, with the jobs counted by state (``counts``)."""
     return await _store(request).get(tenant, _batch_id(batch_id))
@@ -198,6 +208,7 @@ async def get_batch(batch_id: str, request: Request, tenant: Tenant) -> BatchVie
 
 @router.get(
     "/{batch_id}/results",
+    summary="Read a batch's results as OpenAI Batch output lines",
     response_class=StreamingResponse,
     responses={200: {"content": {JSONL: {}}, "description": "OpenAI Batch output lines"}},
 )
@@ -232,7 +243,7 @@ async def batch_results(
     return StreamingResponse(lines(), media_type=JSONL)
 
 
-@router.post("/{batch_id}/cancel", response_model=BatchView)
+@router.post("/{batch_id}/cancel", response_model=BatchView, summary="Cancel a batch")
 async def cancel_batch(batch_id: str, request: Request, tenant: Tenant) -> BatchView:
     """Cancel every job of the batch that has not ended (running ones are aborted within
     a decode step); 409 ``batch_terminal`` once the batch has completed or expired."""

@@ -9,9 +9,9 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from producers import openapi
 from producers.tenancy import Tenant
 from producers.webhook_repository import WebhookStore
-from schemas.api import ErrorResponse
 from schemas.webhooks import (
     DeliveryDetail,
     DeliveryList,
@@ -25,9 +25,7 @@ from schemas.webhooks import (
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorResponse} for status in (400, 401, 404, 408, 413, 422, 503)
-}
+_ERRORS = openapi.errors(400, 401, 404, 408, 413, 422, 503)
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=_ERRORS)
 
@@ -53,13 +51,17 @@ async def list_deliveries(
     return DeliveryList(data=page, next_after=page[-1].id if more else None)
 
 
-@router.get("/deliveries/{delivery_id}", response_model=DeliveryDetail)
+@router.get(
+    "/deliveries/{delivery_id}", response_model=DeliveryDetail, summary="Read a webhook delivery"
+)
 async def get_delivery(delivery_id: str, request: Request, tenant: Tenant) -> DeliveryDetail:
     """One delivery: its payload, every attempt, and why it was dead-lettered."""
     return await _store(request).delivery(tenant, delivery_id)
 
 
-@router.post("/secrets", response_model=NewSecret, status_code=201)
+@router.post(
+    "/secrets", response_model=NewSecret, status_code=201, summary="Create a signing secret"
+)
 async def create_secret(request: Request, tenant: Tenant) -> NewSecret:
     """A new signing secret. This answer is the only time the secret is shown. From now
     on every webhook of the tenant is signed with it too (one signature per unexpired
@@ -67,13 +69,15 @@ async def create_secret(request: Request, tenant: Tenant) -> NewSecret:
     return await _store(request).create_secret(tenant)
 
 
-@router.get("/secrets", response_model=SecretList)
+@router.get("/secrets", response_model=SecretList, summary="List signing secrets")
 async def list_secrets(request: Request, tenant: Tenant) -> SecretList:
     """The tenant's secrets, without the secrets themselves."""
     return SecretList(data=await _store(request).list_secrets(tenant))
 
 
-@router.post("/secrets/{secret_id}/expire", response_model=SecretView)
+@router.post(
+    "/secrets/{secret_id}/expire", response_model=SecretView, summary="Expire a signing secret"
+)
 async def expire_secret(
     secret_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
     request: Request,

@@ -27,6 +27,23 @@ DATABASE_RETRY_AFTER_S = 5
 # request (a NUL in a string), and the statement failed, so nothing was stored.
 _NUL_IN_TEXT = {"22021", "22P05"}
 
+# Codes the handlers below answer with that no SluicegateError class carries (a class
+# carries its own code, status and, in its docstring, its meaning): code -> (status, meaning).
+# docs/api.md lists both (producers/apidoc.py); None: the status varies.
+HANDLER_CODES: dict[str, tuple[int | None, str]] = {
+    "invalid_body": (422, "The body is not a JSON object."),
+    "unknown_kind": (422, "`kind` is not one of the job kinds."),
+    "unknown_priority": (422, "`priority` is not `low`, `normal` or `high`."),
+    "empty_input": (422, "`input` is empty."),
+    "missing_input": (422, "The body has no `input`."),
+    "missing_kind": (422, "The body has no `kind`."),
+    "invalid_character": (422, "The request holds a NUL character, which PostgreSQL cannot store."),
+    "not_found": (404, "No such route."),
+    "method_not_allowed": (405, "The route does not take this method."),
+    "http_error": (None, "Any other HTTP error the framework raises."),
+    "database_unavailable": (503, "The database is unavailable; nothing was stored."),
+    "internal_error": (500, "An unexpected error in the server."),
+}
 # Validation failures whose cause deserves its own code.
 _FIELD_CODES = {
     ("kind", "enum"): "unknown_kind",

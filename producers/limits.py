@@ -12,7 +12,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class BodyTooLarge(HTTPException):
-    """Raised from ``receive`` once a body passes its limit. An HTTPException, so that a
+    """The body is over its size limit (``max_body_bytes``; ``max_batch_bytes`` for
+    ``POST /v1/batches``).
+
+    Raised from ``receive`` once a body passes its limit. An HTTPException, so that a
     framework reading the body (FastAPI) passes it on instead of answering 400."""
 
     code = "payload_too_large"
@@ -22,7 +25,10 @@ class BodyTooLarge(HTTPException):
 
 
 class RequestTimeout(HTTPException):
-    """Raised from ``receive`` when a body stalls or trickles in too slowly."""
+    """The body stalled for ``request_read_timeout_s``, or arrived slower than
+    ``request_min_rate`` bytes a second; the connection is closed.
+
+    Raised from ``receive``."""
 
     code = "request_timeout"
 

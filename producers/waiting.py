@@ -29,6 +29,8 @@ DISCONNECTED = reasons.DISCONNECTED
 
 
 class InvalidWait(InvalidRequest):
+    """``?wait=`` is not within (0, ``max_wait_s``]."""
+
     code = "invalid_wait"
 
 

@@ -19,11 +19,21 @@ class SubmitJob(BaseModel):
     kind: JobKind
     input: Annotated[StrictStr, Field(min_length=1, description="The document or the prompt")]
     max_tokens: Annotated[StrictInt, Field(ge=1, description="Most output tokens")] = 256
-    deadline: AwareDatetime | None = None
-    ttl_s: Annotated[StrictFloat | StrictInt, Field(gt=0)] | None = None
-    priority: Priority = Priority.NORMAL
-    callback_url: Annotated[StrictStr, Field(max_length=2048)] | None = None
-    idempotency_key: Annotated[StrictStr, Field(min_length=1, max_length=255)] | None = None
+    deadline: AwareDatetime | None = Field(
+        default=None, description="When the job must have ended (RFC 3339, with an offset)"
+    )
+    ttl_s: Annotated[StrictFloat | StrictInt, Field(gt=0)] | None = Field(
+        default=None, description="The deadline as seconds from now (default: default_ttl_s)"
+    )
+    priority: Priority = Field(
+        default=Priority.NORMAL, description="low is shed first; high is never made to wait"
+    )
+    callback_url: Annotated[StrictStr, Field(max_length=2048)] | None = Field(
+        default=None, description="Where the signed webhook goes when the job ends"
+    )
+    idempotency_key: Annotated[StrictStr, Field(min_length=1, max_length=255)] | None = Field(
+        default=None, description="As the Idempotency-Key header (if both, they must match)"
+    )
     abandon_on_disconnect: bool = Field(
         default=False,
         description="Abandon the job if the caller's waiting connection (?wait=) closes first",

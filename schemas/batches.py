@@ -44,6 +44,8 @@ class InvalidBatch(InvalidRequest):
 
 
 class InvalidJsonl(SluicegateError):
+    """A JSONL line (or file) that is not JSON, or not UTF-8; ``details`` names the line."""
+
     code = "invalid_jsonl"
     status = 400
 
@@ -57,20 +59,29 @@ class InvalidMultipart(SluicegateError):
 
 
 class InvalidCompletionWindow(InvalidRequest):
+    """``completion_window`` is not a duration such as ``24h``, or is over ``max_ttl_s``."""
+
     code = "invalid_completion_window"
 
 
 class BatchTooLarge(SluicegateError):
+    """The batch can never be admitted: more jobs than its priority's refusal threshold, more
+    tokens than the tenant's TPM, or over ``max_batch_requests``."""
+
     code = "batch_too_large"
     status = 413
 
 
 class BatchTerminal(SluicegateError):
+    """The batch has already completed, expired or been cancelled."""
+
     code = "batch_terminal"
     status = 409
 
 
 class UnsupportedMediaType(SluicegateError):
+    """The body is not application/json, multipart/form-data or application/jsonl."""
+
     code = "unsupported_media_type"
     status = 415
 

@@ -15,36 +15,50 @@ class SluicegateError(Exception):
 
 
 class InvalidRequest(SluicegateError):
+    """The body or a parameter is not valid; ``details`` says where."""
+
     code = "invalid_request"
     status = 422
 
 
 class InvalidJson(SluicegateError):
+    """The body is not valid JSON (or not UTF-8, or nested too deeply)."""
+
     code = "invalid_json"
     status = 400
 
 
 class PayloadTooLarge(SluicegateError):
+    """The request is over a size limit."""
+
     code = "payload_too_large"
     status = 413
 
 
 class JobNotFound(SluicegateError):
+    """No such job for this tenant (another tenant's job answers this too)."""
+
     code = "job_not_found"
     status = 404
 
 
 class JobAlreadyTerminal(SluicegateError):
+    """The job has already ended: it cannot be cancelled or renewed."""
+
     code = "job_terminal"
     status = 409
 
 
 class IdempotencyConflict(SluicegateError):
+    """The Idempotency-Key was already used with a different request."""
+
     code = "idempotency_key_reused"
     status = 409
 
 
 class Unavailable(SluicegateError):
+    """A service the request needs is unavailable; nothing was stored."""
+
     code = "unavailable"
     status = 503
     retriable = True
@@ -57,10 +71,14 @@ class PoisonRecord(SluicegateError):
 
 
 class Unauthorized(SluicegateError):
+    """No ``Authorization: Bearer`` key, or an unknown or revoked one."""
+
     code = "unauthorized"
     status = 401
 
 
 class BatchNotFound(SluicegateError):
+    """No such batch for this tenant."""
+
     code = "batch_not_found"
     status = 404

@@ -33,16 +33,22 @@ class DeliveryState(StrEnum):
 
 
 class DeliveryNotFound(SluicegateError):
+    """No such webhook delivery for this tenant."""
+
     code = "delivery_not_found"
     status = 404
 
 
 class SecretNotFound(SluicegateError):
+    """No such webhook signing secret for this tenant."""
+
     code = "webhook_secret_not_found"
     status = 404
 
 
 class InvalidCallbackUrl(InvalidRequest):
+    """``callback_url`` is not an absolute http(s) URL with a host."""
+
     code = "invalid_callback_url"
 
 
