@@ -1,0 +1,442 @@
+"""Every check rejects a copy of the files broken in the way it guards against, so that none
+can pass vacuously."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import pytest
+
+from schemas import constants
+from tests.unit.deploy.compose_checks import (
+    COMPOSE_CHECKS,
+    check_api,
+    check_cli_roles,
+    check_dockerfile,
+    check_dockerignore,
+    check_gpu_workers,
+    check_kafka_kraft,
+    check_lifecycle,
+    check_metrics_endpoints,
+    check_partitions,
+    check_pinned_images,
+    check_references,
+    check_roles_wait_for_migrations,
+    check_services,
+    check_settings,
+    check_sluicegate_env,
+    check_state_and_health,
+    check_stop_grace,
+    check_volumes,
+    check_workers,
+)
+from tests.unit.deploy.deploy_checks import (
+    DEPLOY_CHECKS,
+    check_dashboard_metrics,
+    check_dashboard_panels,
+    check_gateway,
+    check_grafana,
+    check_prometheus_targets,
+)
+from tests.unit.deploy.files import (
+    DOCKERFILE,
+    DOCKERIGNORE,
+    Compose,
+    Deploy,
+    load_compose,
+    load_deploy,
+)
+from tests.unit.deploy.metrics import exprs, panels
+
+# What a broken file makes a check raise: a failed assertion or a missing/ill-typed key.
+BROKEN = (AssertionError, LookupError, TypeError, ValueError)
+
+
+def _parent(tree: dict[str, Any], path: str) -> tuple[Any, Any]:
+    """The container holding the last key of a /-separated path (list indices as numbers)."""
+    node: Any = tree
+    keys: list[Any] = [int(k) if k.isdigit() else k for k in path.split("/")]
+    for key in keys[:-1]:
+        node = node[key]
+    return node, keys[-1]
+
+
+DROP = object()
+
+
+def at(path: str, value: object = DROP) -> Callable[[Any], None]:
+    """A breakage that sets the value at a /-separated path (services/kafka/image), or drops
+    the key there."""
+
+    def mutate(tree: Any) -> None:
+        node, last = _parent(tree, path)
+        if value is DROP:
+            del node[last]
+        else:
+            node[last] = copy.deepcopy(value)
+
+    return mutate
+
+
+def edit(path: str, change: Callable[[Any], Any]) -> Callable[[Any], None]:
+    def mutate(tree: Any) -> None:
+        node, last = _parent(tree, path)
+        node[last] = change(node[last])
+
+    return mutate
+
+
+def nginx(old: str, new: str) -> Callable[[Deploy], None]:
+    """Rewrite a snippet of nginx.conf (it must be there, or the breakage would be void)."""
+
+    def mutate(deploy: Deploy) -> None:
+        assert old in deploy["nginx"], old
+        deploy["nginx"] = deploy["nginx"].replace(old, new)
+
+    return mutate
+
+
+def gpu_twin(**device: object) -> Callable[[Compose], None]:
+    """A second vLLM worker, reserving ``device``."""
+
+    def mutate(compose: Compose) -> None:
+        twin = copy.deepcopy(compose["services"]["worker"])
+        twin["deploy"]["resources"]["reservations"]["devices"] = [
+            {"driver": "nvidia", "capabilities": ["gpu"], **device}
+        ]
+        compose["services"]["worker-gpu1"] = twin
+
+    return mutate
+
+
+def first_panel(deploy: Deploy, metric: str) -> dict[str, Any]:
+    return next(p for p in panels(deploy["dashboard"]) if any(metric in e for e in exprs(p)))
+
+
+def panel_at(metric: str, key: str, value: object) -> Callable[[Deploy], None]:
+    return lambda deploy: first_panel(deploy, metric).__setitem__(key, value)
+
+
+def reword(metric: str, old: str, new: str) -> Callable[[Deploy], None]:
+    """Rewrite the first query of the first panel that reads ``metric``."""
+
+    def mutate(deploy: Deploy) -> None:
+        target = first_panel(deploy, metric)["targets"][0]
+        assert old in target["expr"], target["expr"]
+        target["expr"] = target["expr"].replace(old, new)
+
+    return mutate
+
+
+class Breakage(NamedTuple):
+    id: str
+    check: Callable[[Any], None]
+    mutate: Callable[[Any], None]
+
+
+S = "services"
+KAFKA_ENV = f"{S}/kafka/environment"
+WORKER_ENV = f"{S}/worker/environment"
+WEBHOOKS = f"{S}/webhooks"
+API_CMD = ["api", "--host", "0.0.0.0", "--port", "8000", "--workers", "4"]
+SCRAPE = "prometheus/scrape_configs"
+DEVICE_0 = f"{S}/worker/deploy/resources/reservations/devices/0"
+DB_URL = "postgresql://sluicegate:sluicegate@{}:5432/{}"
+BREAKAGES = [
+    Breakage("no relay", check_services, at(f"{S}/relay")),
+    Breakage("no webhooks", check_services, at(WEBHOOKS)),
+    Breakage("api not built", check_services, at(f"{S}/api/build")),
+    Breakage("role misspelt", check_cli_roles, at(f"{WEBHOOKS}/command", ["hooks"])),
+    Breakage(
+        "option the role lacks",
+        check_cli_roles,
+        at(f"{S}/relay/command", ["relay", "--workers", "2"]),
+    ),
+    Breakage("webhooks never run", check_cli_roles, at(WEBHOOKS)),
+    Breakage("a client as a service", check_cli_roles, at(f"{S}/relay/command", ["up"])),
+    Breakage(
+        "misspelt setting",
+        check_settings,
+        at(f"{S}/relay/environment/SLUICEGATE_METRIC_PORT", "9100"),
+    ),
+    Breakage("engine Settings refuses", check_settings, at(f"{WORKER_ENV}/SLUICEGATE_ENGINE", "x")),
+    Breakage("bitnami kafka", check_kafka_kraft, at(f"{S}/kafka/image", "bitnami/kafka:3.9")),
+    Breakage("unpinned kafka", check_kafka_kraft, at(f"{S}/kafka/image", "apache/kafka:latest")),
+    Breakage("broker only", check_kafka_kraft, at(f"{KAFKA_ENV}/KAFKA_PROCESS_ROLES", "broker")),
+    Breakage("no voters", check_kafka_kraft, at(f"{KAFKA_ENV}/KAFKA_CONTROLLER_QUORUM_VOTERS")),
+    Breakage(
+        "voter is another node",
+        check_kafka_kraft,
+        at(f"{KAFKA_ENV}/KAFKA_CONTROLLER_QUORUM_VOTERS", "2@kafka:9093"),
+    ),
+    Breakage(
+        "no controller listener",
+        check_kafka_kraft,
+        at(f"{KAFKA_ENV}/KAFKA_LISTENERS", "PLAINTEXT://:9092"),
+    ),
+    Breakage(
+        "advertises localhost",
+        check_kafka_kraft,
+        at(f"{KAFKA_ENV}/KAFKA_ADVERTISED_LISTENERS", "PLAINTEXT://localhost:9092"),
+    ),
+    Breakage("zookeeper", check_kafka_kraft, at(f"{KAFKA_ENV}/KAFKA_ZOOKEEPER_CONNECT", "zk:2181")),
+    Breakage(
+        "auto-create topics",
+        check_kafka_kraft,
+        at(f"{KAFKA_ENV}/KAFKA_AUTO_CREATE_TOPICS_ENABLE", "true"),
+    ),
+    Breakage(
+        "offsets replicated 3",
+        check_kafka_kraft,
+        at(f"{KAFKA_ENV}/KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", 3),
+    ),
+    Breakage(
+        "log dirs off the volume",
+        check_kafka_kraft,
+        at(f"{KAFKA_ENV}/KAFKA_LOG_DIRS", "/tmp/kraft-combined-logs"),
+    ),
+    Breakage(
+        "database on localhost",
+        check_sluicegate_env,
+        at(f"{S}/relay/environment/SLUICEGATE_DATABASE_URL", DB_URL.format("localhost", "x")),
+    ),
+    Breakage(
+        "wrong database name",
+        check_sluicegate_env,
+        at(f"{S}/migrate/environment/SLUICEGATE_DATABASE_URL", DB_URL.format("postgres", "x")),
+    ),
+    Breakage("no database url", check_sluicegate_env, at(f"{WORKER_ENV}/SLUICEGATE_DATABASE_URL")),
+    Breakage(
+        "kafka on localhost",
+        check_sluicegate_env,
+        at(f"{WORKER_ENV}/SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"),
+    ),
+    Breakage("partitions disagree", check_partitions, at(f"{KAFKA_ENV}/KAFKA_NUM_PARTITIONS", 3)),
+    Breakage(
+        "api starts before migrations end",
+        check_roles_wait_for_migrations,
+        at(f"{S}/api/depends_on/migrate/condition", "service_started"),
+    ),
+    Breakage(
+        "relay depends_on short form",
+        check_roles_wait_for_migrations,
+        at(f"{S}/relay/depends_on", ["migrate", "kafka"]),
+    ),
+    Breakage("worker does not wait", check_roles_wait_for_migrations, at(f"{S}/worker/depends_on")),
+    Breakage(
+        "webhooks do not wait",
+        check_roles_wait_for_migrations,
+        at(f"{WEBHOOKS}/depends_on/migrate"),
+    ),
+    Breakage(
+        "unquoted restart no",
+        check_roles_wait_for_migrations,
+        at(f"{S}/migrate/restart", False),
+    ),
+    Breakage("api on 8080", check_api, at(f"{S}/api/ports", ["8080:8080"])),
+    Breakage("api without healthcheck", check_api, at(f"{S}/api/healthcheck")),
+    Breakage("four uvicorn processes in one api", check_api, at(f"{S}/api/command", API_CMD)),
+    Breakage("one api replica", check_api, at(f"{S}/api/deploy")),
+    Breakage(
+        "metrics on a port not exposed",
+        check_metrics_endpoints,
+        at(f"{S}/relay/environment/SLUICEGATE_METRICS_PORT", "9200"),
+    ),
+    Breakage(
+        "webhooks serve no metrics",
+        check_metrics_endpoints,
+        at(f"{WEBHOOKS}/environment/SLUICEGATE_METRICS_PORT"),
+    ),
+    Breakage("no gpu", check_workers, at(f"{S}/worker/deploy")),
+    Breakage("amd gpu", check_workers, at(f"{DEVICE_0}/driver", "amd")),
+    Breakage(
+        "worker on the simulator", check_workers, at(f"{WORKER_ENV}/SLUICEGATE_ENGINE", "sim")
+    ),
+    Breakage("no vllm extra", check_workers, at(f"{S}/worker/build/args")),
+    Breakage(
+        "past the knee",
+        check_workers,
+        at(f"{WORKER_ENV}/SLUICEGATE_VLLM_GPU_MEMORY_UTILIZATION", "0.98"),
+    ),
+    Breakage("model cache in the container", check_workers, at(f"{S}/worker/volumes")),
+    Breakage("short grace", check_workers, at(f"{S}/worker/stop_grace_period", "10s")),
+    Breakage("sim worker always on", check_workers, at(f"{S}/sim-worker/profiles")),
+    Breakage("two workers on GPU 0", check_gpu_workers, gpu_twin(device_ids=["0"])),
+    Breakage("a second worker by count", check_gpu_workers, gpu_twin(count=1)),
+    Breakage("gpu worker replicated", check_gpu_workers, at(f"{S}/worker/deploy/replicas", 2)),
+    Breakage("gpu by count beside ids", check_gpu_workers, at(f"{DEVICE_0}/count", 1)),
+    Breakage(
+        "webhooks killed mid-attempt",
+        check_stop_grace,
+        at(f"{WEBHOOKS}/stop_grace_period", "10s"),
+    ),
+    Breakage(
+        "sim worker drains past its grace",
+        check_stop_grace,
+        at(f"{S}/sim-worker/environment/SLUICEGATE_DRAIN_TIMEOUT_S", "40"),
+    ),
+    Breakage("postgres without volume", check_state_and_health, at(f"{S}/postgres/volumes")),
+    Breakage("kafka without healthcheck", check_state_and_health, at(f"{S}/kafka/healthcheck")),
+    Breakage("webhooks without healthcheck", check_state_and_health, at(f"{WEBHOOKS}/healthcheck")),
+    Breakage(
+        "prometheus data in the container",
+        check_volumes,
+        at(f"{S}/prometheus/volumes", ["./deploy/prometheus:/etc/prometheus"]),
+    ),
+    Breakage(
+        "grafana data in the container",
+        check_volumes,
+        edit(f"{S}/grafana/volumes", lambda volumes: volumes[:-1]),
+    ),
+    Breakage(
+        "depends on a missing service",
+        check_references,
+        at(f"{S}/api/depends_on/kafka-broker", {"condition": "service_started"}),
+    ),
+    Breakage("healthy without a healthcheck", check_references, at(f"{S}/kafka/healthcheck")),
+    Breakage("undeclared volume", check_references, at(f"{S}/worker/volumes", ["hf:/models"])),
+    Breakage(
+        "mounts a missing file",
+        check_references,
+        at(f"{S}/gateway/volumes", ["./deploy/nginx/gone.conf:/etc/nginx/nginx.conf:ro"]),
+    ),
+    Breakage("relay never restarts", check_lifecycle, at(f"{S}/relay/restart")),
+    Breakage(
+        "worker stopped by SIGKILL", check_lifecycle, at(f"{S}/worker/stop_signal", "SIGKILL")
+    ),
+    Breakage("gateway cut by SIGTERM", check_lifecycle, at(f"{S}/gateway/stop_signal", "SIGTERM")),
+    Breakage(
+        "grafana unpinned",
+        check_pinned_images,
+        at(f"{S}/grafana/image", "grafana/grafana:latest"),
+    ),
+    Breakage("prometheus untagged", check_pinned_images, at(f"{S}/prometheus/image", "prom/prom")),
+    # deploy/: the gateway, Prometheus and Grafana
+    Breakage(
+        "nginx before resolve", check_gateway, at(f"compose/{S}/gateway/image", "nginx:1.26.3")
+    ),
+    Breakage("gateway on 8080", check_gateway, at(f"compose/{S}/gateway/ports", ["8080:8000"])),
+    Breakage("upstream on 8080", check_gateway, nginx("api:8000 resolve;", "api:8080 resolve;")),
+    Breakage("upstream resolved once", check_gateway, nginx("api:8000 resolve;", "api:8000;")),
+    Breakage(
+        "batches refused by nginx",
+        check_gateway,
+        nginx("client_max_body_size 136m;", "client_max_body_size 1m;"),
+    ),
+    Breakage(
+        "long-polls cut",
+        check_gateway,
+        nginx("proxy_read_timeout 90s;", "proxy_read_timeout 60s;"),
+    ),
+    Breakage(
+        "bodies spooled",
+        check_gateway,
+        nginx("proxy_request_buffering off;", "proxy_request_buffering on;"),
+    ),
+    Breakage(
+        "relay scraped on the wrong port",
+        check_prometheus_targets,
+        at(f"{SCRAPE}/1/dns_sd_configs/0/port", 9200),
+    ),
+    Breakage(
+        "a target that is no service",
+        check_prometheus_targets,
+        at(f"{SCRAPE}/3/dns_sd_configs/0/names", ["workers"]),
+    ),
+    Breakage("webhooks never scraped", check_prometheus_targets, at(f"{SCRAPE}/2")),
+    Breakage("api metrics path", check_prometheus_targets, at(f"{SCRAPE}/0/metrics_path", "/x")),
+    Breakage(
+        "api scraped on a metrics port it lacks",
+        check_prometheus_targets,
+        at(f"{SCRAPE}/0", {"job_name": "api", "static_configs": [{"targets": ["api:9100"]}]}),
+    ),
+    Breakage(
+        "prometheus reads another file",
+        check_prometheus_targets,
+        at(f"compose/{S}/prometheus/volumes/0", "./deploy/prometheus:/etc/x"),
+    ),
+    Breakage(
+        "data source on localhost",
+        check_grafana,
+        at("datasources/datasources/0/url", "http://localhost:9090"),
+    ),
+    Breakage(
+        "dashboards looked for elsewhere",
+        check_grafana,
+        at("providers/providers/0/options/path", "/var/lib/grafana/dashboards"),
+    ),
+    Breakage(
+        "panel on another data source",
+        check_grafana,
+        panel_at(constants.M_LAG, "datasource", {"uid": "prom"}),
+    ),
+    Breakage(
+        "metric no code exports",
+        check_dashboard_metrics,
+        reword(constants.M_LAG, constants.M_LAG, "sluicegate_lag"),
+    ),
+    Breakage(
+        "vLLM's old metric name",
+        check_dashboard_metrics,
+        reword(constants.M_KV_USAGE, constants.M_KV_USAGE, "vllm:gpu_cache_usage_perc"),
+    ),
+    Breakage(
+        "grouped by a label the metric lacks",
+        check_dashboard_metrics,
+        reword(constants.M_DROPPED, "by (reason)", "by (cause)"),
+    ),
+    Breakage(
+        "a job that is not scraped",
+        check_dashboard_metrics,
+        reword(constants.M_LAG, constants.M_LAG, constants.M_LAG + '{job="apis"}'),
+    ),
+    Breakage(
+        "no drops panel",
+        check_dashboard_panels,
+        lambda d: d["dashboard"]["panels"].remove(first_panel(d, constants.M_DROPPED)),
+    ),
+    Breakage(
+        "admission not broken out by reason",
+        check_dashboard_panels,
+        reword(constants.M_ADMISSIONS, "by (outcome, reason)", "by (outcome)"),
+    ),
+    Breakage("repeated panel id", check_dashboard_panels, panel_at(constants.M_KV_USAGE, "id", 1)),
+]
+
+
+@pytest.mark.parametrize("breakage", BREAKAGES, ids=lambda b: b.id)
+def test_broken_files_are_rejected(breakage: Breakage) -> None:
+    files = load_deploy() if breakage.check in DEPLOY_CHECKS else load_compose()
+    breakage.check(copy.deepcopy(files))  # passes on the real files...
+    breakage.mutate(files)
+    with pytest.raises(BROKEN):  # ...and fails on the broken ones
+        breakage.check(files)
+
+
+def test_every_check_has_a_breakage() -> None:
+    assert {b.check for b in BREAKAGES} == set(COMPOSE_CHECKS) | set(DEPLOY_CHECKS)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ('ENTRYPOINT ["sluicegate"]', 'ENTRYPOINT ["python", "-m", "sluicegate"]'),
+        ("USER sluicegate", "USER root"),
+        ("FROM python:3.11-slim", "FROM python:3.12-slim"),
+        ('ARG EXTRAS=""', "ARG FEATURES="),
+    ],
+)
+def test_broken_dockerfile_is_rejected(old: str, new: str) -> None:
+    text = DOCKERFILE.read_text()
+    assert old in text
+    with pytest.raises(BROKEN):
+        check_dockerfile(text.replace(old, new))
+
+
+def test_broken_dockerignore_is_rejected() -> None:
+    text = DOCKERIGNORE.read_text()
+    broken = "\n".join(line for line in text.splitlines() if line.strip() != ".venv")
+    with pytest.raises(BROKEN):
+        check_dockerignore(broken)

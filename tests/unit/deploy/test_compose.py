@@ -1,0 +1,106 @@
+"""The real docker-compose.yml, deploy/, Dockerfile and .dockerignore pass every check; the
+compose file meets the Compose Specification; the PromQL reading and the metric catalog are
+right."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from schemas import constants
+from tests.unit.deploy.compose_checks import COMPOSE_CHECKS, check_dockerfile, check_dockerignore
+from tests.unit.deploy.deploy_checks import DEPLOY_CHECKS
+from tests.unit.deploy.files import (
+    COMPOSE_FILE,
+    DOCKERFILE,
+    DOCKERIGNORE,
+    Compose,
+    Deploy,
+    load_compose,
+    load_deploy,
+)
+from tests.unit.deploy.metrics import exported_series, promql_grouping, promql_metrics
+
+
+@pytest.mark.parametrize("check", COMPOSE_CHECKS, ids=lambda check: check.__name__)
+def test_compose_file(check: Callable[[Compose], None]) -> None:
+    check(load_compose())
+
+
+@pytest.mark.parametrize("check", DEPLOY_CHECKS, ids=lambda check: check.__name__)
+def test_deploy_files(check: Callable[[Deploy], None]) -> None:
+    check(load_deploy())
+
+
+def test_no_zookeeper_anywhere() -> None:
+    assert "zookeeper" not in COMPOSE_FILE.read_text().lower()
+
+
+def test_dockerfile() -> None:
+    check_dockerfile(DOCKERFILE.read_text())
+
+
+def test_dockerignore() -> None:
+    check_dockerignore(DOCKERIGNORE.read_text())
+
+
+def test_compose_spec_schema() -> None:
+    """The compose file against the Compose Specification's JSON schema, as vendored by
+    check-jsonschema (nothing is downloaded; skipped where it is not installed)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    # The package's file, not the package: importing it loads its CLI, which needs a newer
+    # click than schemathesis allows.
+    spec = importlib.util.find_spec("check_jsonschema")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("check-jsonschema is not installed")
+    vendor = Path(next(iter(spec.submodule_search_locations))) / "builtin_schemas" / "vendor"
+    schema = json.loads((vendor / "compose-spec.json").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    compose = load_compose()
+    assert not [error.message for error in validator.iter_errors(compose)]
+    compose["services"]["api"]["stop_grace"] = "30s"  # no such key: the schema must notice
+    assert list(validator.iter_errors(compose))
+
+
+@pytest.mark.parametrize(
+    ("expr", "metrics", "grouping"),
+    [
+        ("max(sluicegate_lag_records)", {"sluicegate_lag_records"}, set()),
+        (
+            'sum by (outcome, reason) (rate(x_total{job="api", code=~"4.."}[$__rate_interval]))',
+            {"x_total"},
+            {"outcome", "reason"},
+        ),
+        (
+            "histogram_quantile(0.99, sum by (le) (rate(a_bucket[5m] offset 1h))) > 1e3",
+            {"a_bucket"},
+            {"le"},
+        ),
+        (
+            "a / on (instance) group_left (service) b:rate5m",
+            {"a", "b:rate5m"},
+            {"instance", "service"},
+        ),
+        (
+            'sum(rate(vllm:kv_cache_usage_perc{model_name="m"}[1m])) without (engine)',
+            {"vllm:kv_cache_usage_perc"},
+            {"engine"},
+        ),
+    ],
+)
+def test_promql_reading(expr: str, metrics: set[str], grouping: set[str]) -> None:
+    assert promql_metrics(expr) == metrics
+    assert promql_grouping(expr) == grouping
+
+
+def test_the_metric_catalog_is_the_codes() -> None:
+    series = exported_series()
+    assert series[constants.M_ADMISSIONS] == {"outcome", "reason"}
+    assert constants.M_JOB_SECONDS + "_bucket" in series
+    assert constants.M_LAG in series
+    assert "sluicegate_webhook_attempts_total" in series  # workers/webhook_dispatch.py
+    assert not any(name.startswith("vllm:") for name in series)
