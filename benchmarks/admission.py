@@ -1,8 +1,9 @@
 """Admission benchmarks: the heptamini scenario and a 10x burst. Prints figures and writes
-JSON to docs/bench/admission.json. Run: python -m benchmarks.admission"""
+docs/bench/admission.json and admission.png. Run: python -m benchmarks.admission [--quick]"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
@@ -11,9 +12,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Bench, percentile, pipeline, services
+from benchmarks.harness import OUT_DIR, Bench, percentile, pipeline, services
+from benchmarks.plot import plot_admission
 
-OUT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "admission.json"
+OUT = OUT_DIR / "admission.json"
 LONG_PROMPT = " ".join(["The sluice gate holds the water back until the lock is ready."] * 80)
 
 
@@ -56,7 +58,9 @@ async def heptamini(admin: str, bootstrap: str) -> dict[str, Any]:
     }
 
 
-async def burst(admin: str, bootstrap: str, mode: str, seconds: float = 30.0) -> dict[str, Any]:
+async def burst(
+    admin: str, bootstrap: str, mode: str, seconds: float = 30.0, join_s: float = 6.0
+) -> dict[str, Any]:
     """10x the drain rate for ``seconds``: one worker drains ~10 jobs/s, 100 jobs/s arrive."""
     soft, hard = 50, 100
     async with pipeline(
@@ -74,7 +78,7 @@ async def burst(admin: str, bootstrap: str, mode: str, seconds: float = 30.0) ->
     ) as bench:
         bench.start_relay()
         bench.start_worker()
-        await asyncio.sleep(6.0)  # let the worker join its group
+        await asyncio.sleep(join_s)  # let the worker join its group
         body = {
             "kind": "complete",
             "input": "Summarize the state of the sluice.",
@@ -116,6 +120,9 @@ async def burst(admin: str, bootstrap: str, mode: str, seconds: float = 30.0) ->
     first_refusal = min((r[0] + r[2] for r in rejected), default=None)
     latencies = [r[2] for r in results]
     return {
+        "seconds": seconds,
+        "lag_soft": soft,
+        "lag_hard": hard,
         "offered": len(results),
         "accepted": len(accepted),
         "blocked_then_accepted": len(blocked),
@@ -134,20 +141,53 @@ async def burst(admin: str, bootstrap: str, mode: str, seconds: float = 30.0) ->
     }
 
 
-async def main() -> None:
-    logging.basicConfig(level=logging.ERROR)
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--burst-s", type=float, default=30.0, help="each burst's length")
+    parser.add_argument("--join-s", type=float, default=6.0, help="wait for the worker to join")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    parser.add_argument("--out", type=Path, default=None, help="default docs/bench/admission.json")
+    return parser
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
     async with services() as (admin, bootstrap):
         hepta = await heptamini(admin, bootstrap)
         print("heptamini:", json.dumps(hepta, indent=1))
         floods = {}
         for mode in ("reject", "block"):
-            floods[mode] = await burst(admin, bootstrap, mode)
+            floods[mode] = await burst(admin, bootstrap, mode, args.burst_s, args.join_s)
             shown = {k: v for k, v in floods[mode].items() if k != "lag_over_time"}
             print(f"burst ({mode} mode):", json.dumps(shown, indent=1))
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"heptamini": hepta, "burst": floods}, indent=1))
-    print(f"wrote {OUT}")
+    return {"heptamini": hepta, "burst": floods}
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    hepta, reject = report["heptamini"], report["burst"]["reject"]
+    block = report["burst"]["block"]
+    offered = hepta["accepted"] + hepta["yielded"]
+    return {
+        "heptamini: accepted / offered": f"{hepta['accepted']} / {offered}",
+        "burst (reject): max lag / lag_soft": round(reject["max_lag_seen"] / reject["lag_soft"], 2),
+        "burst (block): max lag / lag_soft": round(block["max_lag_seen"] / block["lag_soft"], 2),
+        "burst (reject): submit p99 ms": round(reject["submit_p99_ms"], 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parser().parse_args(argv)
+    if args.quick:
+        args.burst_s, args.join_s = min(args.burst_s, 3.0), min(args.join_s, 3.0)
+    logging.basicConfig(level=logging.ERROR)
+    report = asyncio.run(run(args))
+    out = args.out or (None if args.quick else OUT)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        plot_admission(report, path=out.with_suffix(".png"))
+        print(f"wrote {out}")
+    return report
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -31,6 +31,8 @@ from sluicegate.settings import Settings
 from workers.service import run_worker
 
 TERMINAL = {s.value for s in TERMINAL_STATES}
+# Where every scenario writes its JSON and PNG.
+OUT_DIR = Path(__file__).resolve().parents[1] / "docs" / "bench"
 
 
 @dataclass
@@ -73,27 +75,40 @@ async def services() -> AsyncIterator[tuple[str, str]]:
 
 
 @asynccontextmanager
-async def pipeline(admin_url: str, bootstrap: str, **overrides: object) -> AsyncIterator[Bench]:
+async def bench_settings(
+    admin_url: str, bootstrap: str, **overrides: object
+) -> AsyncIterator[Settings]:
+    """Settings on a new migrated database (dropped after) and topics of the run's own."""
     name = f"bench_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(admin_url)
     await admin.execute(f'CREATE DATABASE "{name}"')
-    url = admin_url.rsplit("/", 1)[0] + f"/{name}"
-    await migrate.upgrade_async(url)
-    prefix = f"b{uuid.uuid4().hex[:8]}"
-    settings = Settings(
-        database_url=url,
-        kafka_bootstrap_servers=bootstrap,
-        kafka_idempotent_producer=False,
-        dispatch_topic=f"{prefix}.dispatch",
-        events_topic=f"{prefix}.events",
-        dead_letter_topic=f"{prefix}.deadletter",
-        consumer_group=f"{prefix}-workers",
-        log_level="WARNING",
-        auth="tenant_header",
-    ).model_copy(update=overrides)
-    await ensure_topics(bootstrap, settings.topic_partitions())
-    app = create_app(settings)
     try:
+        url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+        await migrate.upgrade_async(url)
+        prefix = f"b{uuid.uuid4().hex[:8]}"
+        settings = Settings(
+            database_url=url,
+            kafka_bootstrap_servers=bootstrap,
+            kafka_idempotent_producer=False,
+            kafka_exact_end_offsets=False,
+            dispatch_topic=f"{prefix}.dispatch",
+            events_topic=f"{prefix}.events",
+            dead_letter_topic=f"{prefix}.deadletter",
+            consumer_group=f"{prefix}-workers",
+            log_level="WARNING",
+            auth="tenant_header",
+        ).model_copy(update=overrides)
+        await ensure_topics(bootstrap, settings.topic_partitions())
+        yield settings
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@asynccontextmanager
+async def pipeline(admin_url: str, bootstrap: str, **overrides: object) -> AsyncIterator[Bench]:
+    async with bench_settings(admin_url, bootstrap, **overrides) as settings:
+        app = create_app(settings)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://sg") as client:
@@ -103,9 +118,6 @@ async def pipeline(admin_url: str, bootstrap: str, **overrides: object) -> Async
                 finally:
                     bench.stop.set()
                     await asyncio.gather(*bench.tasks, return_exceptions=True)
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -7,9 +7,10 @@ roofline time) drains it, once per pull policy:
 - ``kv``: start a job only when free KV blocks less reserved growth cover its need;
 - ``greedy``: take every record at once and let the engine queue and preempt.
 
-Figures: KV usage over time, preemptions, decode throughput, deadline misses.
+Figures: KV usage over time, preemptions, decode throughput, deadline misses. Writes
+docs/bench/kv_pull.json and kv_pull.png.
 
-    python -m benchmarks.kv_pull [--scenario NAME]... [--jobs N]
+    python -m benchmarks.kv_pull [--scenario NAME]... [--jobs N] [--quick]
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from benchmarks.harness import TERMINAL, Bench, percentile, pipeline, services
+from benchmarks.harness import OUT_DIR, TERMINAL, Bench, percentile, pipeline, services
 from benchmarks.harness import job_rows as rows_of
+from benchmarks.plot import plot_kv_pull
 from schemas.constants import M_JOBS_STARTED
 from schemas.tables import jobs
 from workers.engines.sim import SimEngine
 from workers.service import run_worker
 
-OUT = Path("docs/bench/kv_pull.json")
+OUT = OUT_DIR / "kv_pull.json"
 WORDS = (
     "the",
     "lock",
@@ -107,7 +109,9 @@ SCENARIOS = {
 }
 
 
-async def run_policy(admin: str, bootstrap: str, policy: str, scenario: Scenario) -> dict[str, Any]:
+async def run_policy(
+    admin: str, bootstrap: str, policy: str, scenario: Scenario, time_scale: float = 1.0
+) -> dict[str, Any]:
     docs = scenario.documents()
     overrides: dict[str, object] = {
         "pull_policy": policy,
@@ -131,7 +135,7 @@ async def run_policy(admin: str, bootstrap: str, policy: str, scenario: Scenario
             response = await bench.client.post("/v1/jobs", json=body)
             assert response.status_code == 202, response.text
         await wait_published(bench, len(docs))
-        engine = SimEngine(time_scale=1.0)
+        engine = SimEngine(time_scale=time_scale)
         samples: list[Sample] = []
         start = time.monotonic()
         handed = started_jobs()
@@ -245,26 +249,57 @@ def summarize_run(
     }
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), action="append")
     parser.add_argument("--jobs", type=int, default=None, help="override the job count")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.ERROR)
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0, help="times the roofline step time (1: real)"
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    parser.add_argument("--out", type=Path, default=None, help="default docs/bench/kv_pull.json")
+    return parser
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     async with services() as (admin, bootstrap):
         for name in args.scenario or sorted(SCENARIOS, reverse=True):
             scenario = SCENARIOS[name]
             if args.jobs:
                 scenario = replace(scenario, jobs=args.jobs)
-            results[name] = {"scenario": asdict(scenario)}
+            results[name] = {"scenario": asdict(scenario), "time_scale": args.time_scale}
             for policy in ("kv", "greedy"):
-                run = await run_policy(admin, bootstrap, policy, scenario)
-                results[name][policy] = run
-                shown = {k: v for k, v in run.items() if k != "kv_usage_each_s"}
+                outcome = await run_policy(admin, bootstrap, policy, scenario, args.time_scale)
+                results[name][policy] = outcome
+                shown = {k: v for k, v in outcome.items() if k != "kv_usage_each_s"}
                 print(f"{name} / {policy}:", json.dumps(shown, indent=1), flush=True)
             compare(results[name])
-    write(results)
+    return results
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, result in report.items():
+        out[f"{name}: kv / greedy, output tokens per GPU s"] = result.get(
+            "kv_over_greedy_output_tokens_per_gpu_s"
+        )
+        out[f"{name}: preemptions kv / greedy"] = (
+            f"{result['kv']['preemptions']} / {result['greedy']['preemptions']}"
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parser().parse_args(argv)
+    if args.quick:
+        args.jobs, args.time_scale = min(args.jobs or 8, 8), min(args.time_scale, 0.1)
+    logging.basicConfig(level=logging.ERROR)
+    results = asyncio.run(run(args))
+    out = args.out or (None if args.quick else OUT)
+    if out is not None:
+        write(results, out)
+    return results
 
 
 def compare(result: dict[str, Any]) -> None:
@@ -276,11 +311,12 @@ def compare(result: dict[str, Any]) -> None:
             print(f"KV-gated / greedy, {key}: {ratio:.3f}")
 
 
-def write(results: dict[str, Any]) -> None:
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=1, default=str))
-    print(f"wrote {OUT}")
+def write(results: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str))
+    plot_kv_pull(results, path=out.with_suffix(".png"))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

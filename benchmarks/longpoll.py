@@ -5,7 +5,8 @@ written straight into the table, the way a worker's result write commits. The la
 from the commit's return to the waiting request's answer: the trigger's NOTIFY, the API's
 listener, one read of the row. Two shapes: one waiter at a time, and many waiters woken by
 one statement. The API runs in-process (ASGI), on embedded PostgreSQL unless
-SLUICEGATE_BENCH_DATABASE_URL is set. Prints figures and writes docs/bench/longpoll.json.
+SLUICEGATE_BENCH_DATABASE_URL is set. Prints figures and writes docs/bench/longpoll.json
+and longpoll.png. Run: python -m benchmarks.longpoll [--quick]
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from typing import Any
 
 from sqlalchemy import update
 
-from benchmarks.harness import Bench, percentile, pipeline, services
+from benchmarks.harness import OUT_DIR, Bench, percentile, pipeline, services
+from benchmarks.plot import plot_longpoll
 from schemas.tables import jobs
 from sluicegate.db import make_engine
 
-OUT = Path("docs/bench/longpoll.json")
+OUT = OUT_DIR / "longpoll.json"
 SETTLE_S = 0.5
 DOC = "A long-poll answers when the job ends. " * 3
 
@@ -74,7 +76,8 @@ def figures(latencies_ms: list[float]) -> dict[str, float]:
     }
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """The report, and each shape's latencies (ms) for the plot."""
     async with (
         services() as (admin, bootstrap),
         pipeline(admin, bootstrap, auth="tenant_header") as bench,
@@ -87,23 +90,48 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             together = await trial(bench, db, await submit(bench, args.together))
         finally:
             await db.dispose()
-    report = {
-        "one_waiter_at_a_time": figures(single),
-        f"{args.together}_waiters_woken_by_one_write": figures(together),
+    latencies = {
+        "one_waiter_at_a_time": single,
+        f"{args.together}_waiters_woken_by_one_write": together,
     }
+    report = {name: figures(values) for name, values in latencies.items()}
     for name, row in report.items():
         print(f"{name}: {row}")
+    return report, latencies
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--single", type=int, default=200, help="one-at-a-time trials")
+    parser.add_argument("--together", type=int, default=200, help="waiters woken at once")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    parser.add_argument("--out", type=Path, default=None, help="default docs/bench/longpoll.json")
+    return parser
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    one = report["one_waiter_at_a_time"]
+    many_name, many = next((k, v) for k, v in report.items() if k != "one_waiter_at_a_time")
+    count = many_name.split("_", 1)[0]
+    return {
+        "one waiter: p50 / p99 ms": f"{one['p50_ms']} / {one['p99_ms']}",
+        f"{count} woken by one write: p50 / p99 ms": f"{many['p50_ms']} / {many['p99_ms']}",
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parser().parse_args(argv)
+    if args.quick:
+        args.single, args.together = min(args.single, 5), min(args.together, 20)
+    report, latencies = asyncio.run(run(args))
+    out = args.out or (None if args.quick else OUT)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        plot_longpoll(latencies, path=out.with_suffix(".png"))
+        print(f"wrote {out}")
     return report
 
 
-def cli() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--single", type=int, default=200, help="one-at-a-time trials")
-    parser.add_argument("--together", type=int, default=200, help="waiters woken at once")
-    report = asyncio.run(main(parser.parse_args()))
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(report, indent=1) + "\n")
-
-
 if __name__ == "__main__":
-    cli()
+    main()

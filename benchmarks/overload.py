@@ -14,7 +14,7 @@ decode tokens wasted (on jobs that did not finish in time or whose caller left),
 decoded for jobs dropped before decode, completed jobs past their deadline, and the p50/p99
 latency of completed jobs. Writes docs/bench/overload.json and docs/bench/overload.png.
 
-    python -m benchmarks.overload [--duration 60] [--overload 3] [--time-scale 2]
+    python -m benchmarks.overload [--duration 60] [--overload 3] [--time-scale 4] [--quick]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import TERMINAL, Bench, percentile, pipeline, services
+from benchmarks.harness import OUT_DIR, TERMINAL, Bench, percentile, pipeline, services
 from benchmarks.harness import job_rows as rows_of
 from benchmarks.naive import Capacity, Run, capacity, run_naive
 from benchmarks.plot import plot_overload
@@ -45,7 +45,7 @@ from workers.engines.base import GenerationRequest
 from workers.engines.sim import SimEngine
 from workers.service import run_worker
 
-OUT = Path("docs/bench/overload.json")
+OUT = OUT_DIR / "overload.json"
 TENANT = "bench"
 LEASE_S = 3.0  # the leaving callers' heartbeat lease; they poll every LEASE_S / 3
 # Admission thresholds: the jobs in flight at capacity (Little's law, L = capacity x service
@@ -55,7 +55,8 @@ LAG_HARD_S = 5.0
 
 
 class Counting:
-    """The engine, counting the tokens it hands out per job and the jobs it received."""
+    """The engine, counting the tokens it hands out per job, the jobs it received and the
+    jobs whose output it finished."""
 
     name = "sim"
 
@@ -63,6 +64,7 @@ class Counting:
         self.engine = engine
         self.tokens: Counter[str] = Counter()  # by job id
         self.received: set[str] = set()  # job ids the engine was handed
+        self.finished = 0  # generations that ran to their end
 
     async def start(self) -> None:
         await self.engine.start()
@@ -82,6 +84,7 @@ class Counting:
         async for piece in self.engine.generate(request):
             self.tokens[job_id] += 1
             yield piece
+        self.finished += 1
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
@@ -399,10 +402,17 @@ def summarize_naive(runs: list[Run], cap: Capacity, decoded: int) -> dict[str, A
     }
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Both runs, written to ``args.out`` (JSON, and the PNG beside it) when it is set."""
+    REFUSALS.clear()
     mix = Mix()
     print(f"measuring the engine's capacity (time scale {args.time_scale}) ...", flush=True)
-    cap = await capacity(mix, time_scale=args.time_scale)
+    cap = await capacity(
+        mix,
+        time_scale=args.time_scale,
+        warm_s=args.capacity_warm_s,
+        measure_s=args.capacity_measure_s,
+    )
     print(f"capacity {cap.jobs_per_s:.2f} jobs/s, {cap.decode_s_per_token * 1000:.1f} ms/token")
     print(f"service time of a job at saturation {cap.service_s:.1f}s, p99 {cap.service_p99_s:.1f}s")
     arrivals = trace(cap.jobs_per_s * args.overload, args.duration, mix, service_s=cap.service_s)
@@ -428,6 +438,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "duration_s": args.duration,
             "overload": args.overload,
             "time_scale": args.time_scale,
+            "capacity_warm_s": args.capacity_warm_s,
+            "capacity_measure_s": args.capacity_measure_s,
             "mix": mix.__dict__,
             "lease_s": LEASE_S,
             "sluicegate_settings": settings,
@@ -438,35 +450,74 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "sluicegate": sluicegate,
         "naive": naive,
     }
-    await asyncio.to_thread(write, report, cap, outcomes, runs)
+    if args.out is not None:
+        await asyncio.to_thread(write, args.out, report, cap, outcomes, runs)
     return report
 
 
 def write(
-    report: dict[str, Any], cap: Capacity, outcomes: list[dict[str, Any]], runs: list[Run]
+    out: Path,
+    report: dict[str, Any],
+    cap: Capacity,
+    outcomes: list[dict[str, Any]],
+    runs: list[Run],
 ) -> None:
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     plot_overload(
         cap.jobs_per_s,
         sluicegate_done=[
             (o["finished_s"], o["state"] == "succeeded", o["decoded_tokens"] or 0) for o in outcomes
         ],
         naive_done=[(r.finished_s, useful(r), r.tokens) for r in runs if r.finished_s is not None],
-        path=OUT.with_suffix(".png"),
+        path=out.with_suffix(".png"),
     )
+    print(f"wrote {out}")
 
 
-def cli() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--overload", type=float, default=3.0)
     parser.add_argument("--time-scale", type=float, default=4.0)
+    parser.add_argument(
+        "--capacity-warm-s", type=float, default=40.0, help="engine s before measuring capacity"
+    )
+    parser.add_argument(
+        "--capacity-measure-s", type=float, default=60.0, help="engine s of capacity measured"
+    )
     parser.add_argument("--skip-naive", action="store_true", help="diagnosis: Sluicegate only")
     parser.add_argument("--max-prefill-tokens", type=int, default=None, help="pace refills")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    parser.add_argument("--out", type=Path, default=None, help="default docs/bench/overload.json")
+    return parser
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    sg, naive = report["sluicegate"], report.get("naive")
+    out: dict[str, Any] = {
+        "goodput / capacity, Sluicegate": sg["whole_run_goodput_over_capacity"],
+        "useful token share, Sluicegate": sg["useful_token_share"],
+        "completed past deadline, Sluicegate": sg["completed_past_deadline"],
+    }
+    if naive is not None:
+        out["goodput / capacity, naive"] = naive["whole_run_goodput_over_capacity"]
+        out["useful token share, naive"] = naive["useful_token_share"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parser().parse_args(argv)
+    if args.quick:
+        # A few dozen arrivals whose deadlines (up to 5x the service time) pass within
+        # seconds; capacity: the first cohort of a saturated engine ends about 7 engine s in.
+        args.duration, args.time_scale = min(args.duration, 4.0), min(args.time_scale, 0.5)
+        args.overload = min(args.overload, 0.5)
+        args.capacity_warm_s, args.capacity_measure_s = 8.0, 6.0
+    args.out = args.out or (None if args.quick else OUT)
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(main(parser.parse_args()))
+    return asyncio.run(run(args))
 
 
 if __name__ == "__main__":
-    cli()
+    main()
