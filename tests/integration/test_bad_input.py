@@ -325,9 +325,15 @@ async def raw_post(port: int, declared: int, first: bytes, gap_s: float) -> tupl
                 await writer.drain()
 
     trickling = asyncio.create_task(trickle())
+    answer = b""
     try:
         async with asyncio.timeout(10):
-            answer = await reader.read()  # to EOF: the server closed the connection
+            # To EOF: the server closed the connection. A byte still trickling in after the
+            # server closed makes its side reset the connection, after its answer: what came
+            # before the reset is the answer (StreamReader.read() to EOF would drop it).
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := await reader.read(65536):
+                    answer += chunk
     finally:
         trickling.cancel()
         writer.close()
