@@ -170,6 +170,7 @@ async def run_sluicegate(
     cap: Capacity,
     time_scale: float,
     max_prefill_tokens: int | None = None,
+    partitions: int = 4,
 ) -> tuple[list[dict[str, Any]], Counting, dict[str, Any]]:
     overrides: dict[str, object] = {
         "lag_soft": round(cap.jobs_per_s * (cap.service_p99_s + LAG_SOFT_S)),
@@ -187,7 +188,7 @@ async def run_sluicegate(
         # Optional: pace refills (prompt tokens in prefill at once; --max-prefill-tokens).
         "worker_max_prefill_tokens": max_prefill_tokens,
         "max_input_bytes": 1_000_000,
-        "partitions": 4,
+        "partitions": partitions,
         "sim_time_scale": time_scale,
     }
     async with pipeline(admin, bootstrap, **overrides) as bench:
@@ -419,7 +420,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"{len(arrivals)} arrivals over {args.duration:.0f}s ({args.overload}x capacity)")
     async with services() as (admin, bootstrap):
         outcomes, engine, settings = await run_sluicegate(
-            admin, bootstrap, arrivals, cap, args.time_scale, args.max_prefill_tokens
+            admin,
+            bootstrap,
+            arrivals,
+            cap,
+            args.time_scale,
+            args.max_prefill_tokens,
+            args.partitions,
         )
     sluicegate = summarize_sluicegate(
         outcomes, engine, len(arrivals), cap, settings.pop("engine_tokens_decoded")
@@ -488,6 +495,7 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--skip-naive", action="store_true", help="diagnosis: Sluicegate only")
     parser.add_argument("--max-prefill-tokens", type=int, default=None, help="pace refills")
+    parser.add_argument("--partitions", type=int, default=4, help="of the dispatch topic")
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     parser.add_argument("--out", type=Path, default=None, help="default docs/bench/overload.json")
     return parser
