@@ -13,18 +13,26 @@ from sluicegate.settings import Settings
 
 
 class DeadlineInPast(InvalidRequest):
+    """The deadline (or now + ``ttl_s``) has already passed; nothing was stored."""
+
     code = "deadline_in_past"
 
 
 class DeadlineTooFar(InvalidRequest):
+    """The deadline, or ``ttl_s``, is further away than ``max_ttl_s``."""
+
     code = "deadline_too_far"
 
 
 class InputTooLarge(PayloadTooLarge):
+    """The input is over ``max_input_bytes`` bytes of UTF-8."""
+
     code = "input_too_large"
 
 
 class MaxTokensTooLarge(InvalidRequest):
+    """``max_tokens`` is over ``max_tokens_limit``."""
+
     code = "max_tokens_too_large"
 
 

@@ -56,14 +56,6 @@ class IdempotencyConflict(SluicegateError):
     status = 409
 
 
-class Unavailable(SluicegateError):
-    """A service the request needs is unavailable; nothing was stored."""
-
-    code = "unavailable"
-    status = 503
-    retriable = True
-
-
 class PoisonRecord(SluicegateError):
     """A record on a topic that cannot be decoded; it is dead-lettered, never retried."""
 
