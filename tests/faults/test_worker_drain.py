@@ -4,13 +4,17 @@ that had ended, and nothing is lost."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from schemas.constants import M_JOBS_RUNNING
 from schemas.states import TERMINAL_STATES
+from sluicegate.embedded import free_port
 from sluicegate.settings import Settings
 from tests.faults.processes import roles
 from tests.faults.test_worker_kill import DOC, states, until
@@ -31,7 +35,10 @@ async def test_sigterm_drains_within_its_bound_and_hands_back_the_rest(
         started.start("relay")
         # Its engine runs 30 times slower than the roofline, so its long jobs cannot end
         # within the drain.
-        leaving = started.start("worker", drain_timeout_s=DRAIN_S, sim_time_scale=30.0)
+        port = free_port()
+        leaving = started.start(
+            "worker", drain_timeout_s=DRAIN_S, sim_time_scale=30.0, metrics_port=port
+        )
         staying = started.start("worker")
         async with serve(settings, db) as api:
             ids = []
@@ -45,6 +52,9 @@ async def test_sigterm_drains_within_its_bound_and_hands_back_the_rest(
                 assert r.status_code == 202, r.text
                 ids.append(r.json()["id"])
             await until(db, ids, lambda s: sum(st == "running" for st, _ in s.values()) >= 8, 90)
+            # The leaving worker holds jobs of its own: the group may have given every
+            # partition to the other worker until it joined.
+            await running_at_least(port, 3, within_s=90)
             before = await states(db, ids)
             code, took_s = leaving.terminate(timeout_s=DRAIN_S + 60)
             await until(db, ids, lambda s: all(st in terminal for st, _ in s.values()), 180)
@@ -61,3 +71,17 @@ async def test_sigterm_drains_within_its_bound_and_hands_back_the_rest(
     assert rerun, "the long jobs could not end within the drain and must have run again"
     assert all(before[job][0] == "running" for job in rerun)
     assert max(attempt for _, attempt in final.values()) <= 2
+
+
+async def running_at_least(port: int, count: int, within_s: float) -> None:
+    """Until the worker whose metrics are on ``port`` runs ``count`` jobs or more."""
+    async with httpx.AsyncClient() as probe, asyncio.timeout(within_s):
+        while True:
+            try:
+                text = (await probe.get(f"http://127.0.0.1:{port}/metrics", timeout=2)).text
+            except httpx.HTTPError:
+                text = ""
+            for line in text.splitlines():
+                if line.startswith(f"{M_JOBS_RUNNING} ") and float(line.split()[1]) >= count:
+                    return
+            await asyncio.sleep(0.1)
