@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import OUT_DIR, Bench, percentile, pipeline, services
+from benchmarks.harness import OUT_DIR, Bench, percentile, pipeline, services, write_report
 from benchmarks.plot import plot_admission
 
 OUT = OUT_DIR / "admission.json"
@@ -182,10 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = asyncio.run(run(args))
     out = args.out or (None if args.quick else OUT)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1) + "\n")
-        plot_admission(report, path=out.with_suffix(".png"))
-        print(f"wrote {out}")
+        write_report(report, out, lambda png: plot_admission(report, path=png))
     return report
 
 

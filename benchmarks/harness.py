@@ -5,10 +5,11 @@ and workers as tasks."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +119,17 @@ async def pipeline(admin_url: str, bootstrap: str, **overrides: object) -> Async
                 finally:
                     bench.stop.set()
                     await asyncio.gather(*bench.tasks, return_exceptions=True)
+
+
+def write_report(
+    report: dict[str, Any], out: Path, plot: Callable[[Path], None] | None = None
+) -> None:
+    """A scenario's figures as JSON at ``out``, and its plot beside it (``out`` as .png)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    if plot is not None:
+        plot(out.with_suffix(".png"))
+    print(f"wrote {out}")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import OUT_DIR, bench_settings, percentile, services
+from benchmarks.harness import OUT_DIR, bench_settings, percentile, services, write_report
 from schemas.constants import M_SUBMIT_GROUP as SUBMIT_GROUP
 from sluicegate.embedded import free_port
 from sluicegate.samples import sample_documents
@@ -475,6 +475,12 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
+def _plot(result: dict[str, Any], png: Path) -> None:
+    from benchmarks.plot import plot_ingress  # the plots extra is optional here
+
+    plot_ingress(result, path=png)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser().parse_args(argv)
     if args.quick:
@@ -488,12 +494,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{figure}: {value}")
     print(f"targets: {result['targets']}")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
-        if not args.no_plot:
-            from benchmarks.plot import plot_ingress
-
-            plot_ingress(result, path=out.with_suffix(".png"))
+        write_report(result, out, None if args.no_plot else lambda png: _plot(result, png))
     return result
 
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import update
 
-from benchmarks.harness import OUT_DIR, Bench, percentile, pipeline, services
+from benchmarks.harness import OUT_DIR, Bench, percentile, pipeline, services, write_report
 from benchmarks.plot import plot_longpoll
 from schemas.tables import jobs
 from sluicegate.db import make_engine
@@ -126,10 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report, latencies = asyncio.run(run(args))
     out = args.out or (None if args.quick else OUT)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1) + "\n")
-        plot_longpoll(latencies, path=out.with_suffix(".png"))
-        print(f"wrote {out}")
+        write_report(report, out, lambda png: plot_longpoll(latencies, path=png))
     return report
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from sqlalchemy import and_, func, select
 
-from benchmarks.harness import OUT_DIR, Bench, job_rows, pipeline, services
+from benchmarks.harness import OUT_DIR, Bench, job_rows, pipeline, services, write_report
 from benchmarks.kv_pull import wait_published
 from benchmarks.overload import Counting
 from benchmarks.plot import plot_scale_out
@@ -272,10 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = asyncio.run(run(args))
     out = args.out or (None if args.quick else OUT)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1) + "\n")
-        plot_scale_out(report["runs"], path=out.with_suffix(".png"))
-        print(f"wrote {out}")
+        write_report(report, out, lambda png: plot_scale_out(report["runs"], path=png))
     return report
 
 

@@ -48,7 +48,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from benchmarks.harness import OUT_DIR, TERMINAL, bench_settings, percentile, services
+from benchmarks.harness import (
+    OUT_DIR,
+    TERMINAL,
+    bench_settings,
+    percentile,
+    services,
+    write_report,
+)
 from benchmarks.naive import Capacity, capacity
 from benchmarks.overload import LAG_HARD_S, LAG_SOFT_S
 from benchmarks.plot import plot_soak
@@ -611,10 +618,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(json.dumps(shown, indent=1))
     out = args.out or (None if args.quick else OUT)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1) + "\n")
-        plot_soak(report["samples"], path=out.with_suffix(".png"))
-        print(f"wrote {out}")
+        write_report(report, out, lambda png: plot_soak(report["samples"], path=png))
     if report["lost"] or report["duplicated_in_outbox"]:
         print("FAILED: jobs lost or duplicated", file=sys.stderr)
     return report
