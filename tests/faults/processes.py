@@ -14,6 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
+from schemas.constants import M_JOBS_RUNNING
 from sluicegate.settings import Settings
 
 
@@ -88,3 +91,16 @@ def roles(settings: Settings, directory: Path) -> Iterator[Roles]:
             except subprocess.TimeoutExpired:
                 role.process.kill()
                 role.process.wait()
+
+
+async def jobs_running(probe: httpx.AsyncClient, port: int) -> int | None:
+    """Jobs a worker runs now, from the metrics it serves on ``port`` (None until it
+    serves them)."""
+    try:
+        r = await probe.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    except httpx.HTTPError:
+        return None
+    for line in r.text.splitlines():
+        if line.startswith(f"{M_JOBS_RUNNING} "):
+            return int(float(line.split()[1]))
+    return 0

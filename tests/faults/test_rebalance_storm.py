@@ -19,13 +19,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from schemas.constants import M_JOBS_RUNNING
 from schemas.envelopes import JobEvent
 from schemas.states import TERMINAL_STATES, JobState
 from schemas.tables import jobs, outbox
 from sluicegate.embedded import free_port
 from sluicegate.settings import Settings
-from tests.faults.processes import Role, Roles, roles
+from tests.faults.processes import Role, Roles, jobs_running, roles
 from tests.faults.test_worker_kill import DOC, states, until
 from tests.integration.serving import serve
 from tests.topics import caught_up
@@ -95,14 +94,7 @@ class Storm:
 
     async def running(self, member: Member) -> int | None:
         """Jobs running on the member, from its metrics (None until it serves them)."""
-        try:
-            r = await self.probe.get(f"http://127.0.0.1:{member.port}/metrics", timeout=2)
-        except httpx.HTTPError:
-            return None
-        for line in r.text.splitlines():
-            if line.startswith(f"{M_JOBS_RUNNING} "):
-                return int(float(line.split()[1]))
-        return 0
+        return await jobs_running(self.probe, member.port)
 
     async def up(self, member: Member) -> None:
         """Until the member serves its metrics: by then its SIGTERM handler is set."""

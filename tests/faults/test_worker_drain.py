@@ -12,11 +12,10 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from schemas.constants import M_JOBS_RUNNING
 from schemas.states import TERMINAL_STATES
 from sluicegate.embedded import free_port
 from sluicegate.settings import Settings
-from tests.faults.processes import roles
+from tests.faults.processes import jobs_running, roles
 from tests.faults.test_worker_kill import DOC, states, until
 from tests.integration.serving import serve
 
@@ -76,12 +75,5 @@ async def test_sigterm_drains_within_its_bound_and_hands_back_the_rest(
 async def running_at_least(port: int, count: int, within_s: float) -> None:
     """Until the worker whose metrics are on ``port`` runs ``count`` jobs or more."""
     async with httpx.AsyncClient() as probe, asyncio.timeout(within_s):
-        while True:
-            try:
-                text = (await probe.get(f"http://127.0.0.1:{port}/metrics", timeout=2)).text
-            except httpx.HTTPError:
-                text = ""
-            for line in text.splitlines():
-                if line.startswith(f"{M_JOBS_RUNNING} ") and float(line.split()[1]) >= count:
-                    return
+        while (await jobs_running(probe, port) or 0) < count:
             await asyncio.sleep(0.1)
