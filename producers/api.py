@@ -90,6 +90,7 @@ def create_app(
             topic=settings.dispatch_topic,
             group_id=settings.consumer_group,
             partitions=settings.partitions,
+            count_open=settings.lag_measure == "open",
         )
         monitor = LagMonitor(
             source, interval_s=settings.lag_interval_s, stale_after_s=settings.lag_stale_after_s

@@ -22,7 +22,14 @@ ADMISSIONS = Counter(
     constants.M_ADMISSIONS, "Admission decisions by outcome and reason", ["outcome", "reason"]
 )
 BLOCKED = Gauge(constants.M_BLOCKED, "Submit requests waiting for lag to fall")
-LAG = Gauge(constants.M_LAG, "Worker group lag on the dispatch topic (records)")
+LAG = Gauge(
+    constants.M_LAG,
+    "Worker group lag on the dispatch topic (records; lag_measure: open or consumer)",
+)
+CONSUMER_LAG = Gauge(
+    constants.M_CONSUMER_LAG,
+    "Worker group consumer lag on the dispatch topic: end - committed offset (records)",
+)
 LAG_KNOWN = Gauge(constants.M_LAG_KNOWN, "1 while the lag reading is fresh")
 DRAIN_RATE = Gauge(constants.M_DRAIN_RATE, "Drain rate μ (records/s, smoothed)")
 ARRIVAL_RATE = Gauge(constants.M_ARRIVAL_RATE, "Arrival rate λ (records/s, smoothed)")

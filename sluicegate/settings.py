@@ -71,6 +71,12 @@ class Settings(BaseSettings):
     # Admission (docs/operations.md derives the defaults from Little's law)
     lag_interval_s: float = Field(default=0.5, gt=0)
     lag_stale_after_s: float = Field(default=5.0, gt=0)
+    # What the thresholds compare: "open", the records past the worker group's committed
+    # offset whose job has not ended (PostgreSQL knows each job's dispatch position); or
+    # "consumer", the plain consumer lag (end - committed). A worker runs many jobs of a
+    # partition at once and commits only up to its oldest running one, so the consumer lag
+    # also counts records of jobs that already ended (docs/operations.md).
+    lag_measure: Literal["open", "consumer"] = "open"
     lag_soft: int = Field(default=2000, ge=0)
     lag_hard: int = Field(default=4000, ge=1)
     admission_mode: Literal["block", "reject"] = "block"

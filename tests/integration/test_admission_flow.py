@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import func, select
 
+from producers.lag import KafkaLagSource, LagMonitor, Reading
 from producers.service import run_relay
 from schemas.tables import jobs
 from sluicegate.db import make_engine
@@ -109,3 +110,53 @@ async def test_block_mode_waits_then_admits_and_bounds_waiters(settings: Setting
         assert answer.status_code == 202
         assert asyncio.get_running_loop().time() - started > 0.5
         assert await stored_jobs(blocking) == 4
+
+
+async def lag_reading(source: KafkaLagSource, *, records: int) -> Reading:
+    """The first reading whose ends hold ``records`` published records."""
+    async with asyncio.timeout(30):
+        while True:
+            reading = await source.read()
+            if sum(reading.ends.values()) - sum(reading.committed.values()) >= records:
+                return reading
+            await asyncio.sleep(0.1)
+
+
+async def test_open_lag_leaves_out_records_of_ended_jobs(pipeline: Pipeline) -> None:
+    """Records past the commit point whose job ended (here: cancelled before any worker
+    took it) are not work the group still owes: the open lag leaves them out, the consumer
+    lag keeps them."""
+    s = pipeline.settings
+    pipeline.start(run_relay)  # no workers: nothing is committed
+    ids = await pipeline.submit(4)
+    db = make_engine(s.require_database_url(), pool_size=1)
+    sources = [
+        KafkaLagSource(
+            db=db,
+            bootstrap=s.require_kafka(),
+            topic=s.dispatch_topic,
+            group_id=s.consumer_group,
+            partitions=s.partitions,
+            count_open=count_open,
+        )
+        for count_open in (True, False)
+    ]
+    try:
+        reading = await lag_reading(sources[0], records=4)
+        assert sum((reading.open or {}).values()) == 4
+        for job_id in ids[:3]:
+            assert (await pipeline.client.delete(f"/v1/jobs/{job_id}")).status_code == 200
+        reading = await sources[0].read()
+        consumer = sum(reading.ends.values()) - sum(reading.committed.values())
+        assert consumer == 4
+        assert reading.open is not None
+        assert sum(reading.open.values()) == 1
+        plain = await sources[1].read()
+        assert plain.open is None
+        monitor = LagMonitor(sources[0], interval_s=0.2, stale_after_s=5)
+        assert await monitor.refresh()
+        assert monitor.snapshot().lag == 1
+    finally:
+        for source in sources:
+            await source.close()
+        await db.dispose()

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from producers.admission import AdmissionController, Policy, Refused
-from producers.lag import LagMonitor
+from producers.lag import LagMonitor, Reading
 from producers.ratelimit import TenantLimits
 from schemas.batches import BatchTooLarge
 from schemas.jobs import Priority
@@ -32,7 +32,7 @@ POLICY = Policy(
 
 
 class NoSource:
-    async def read(self) -> tuple[dict[int, int], dict[int, int]]:
+    async def read(self) -> Reading:
         raise OSError("unused")
 
 

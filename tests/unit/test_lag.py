@@ -47,3 +47,31 @@ def test_reading_goes_stale() -> None:
     m.update({0: 1}, {0: 0})
     clock.t = 3
     assert not m.snapshot().known
+
+
+def test_open_lag_leaves_out_records_whose_jobs_ended() -> None:
+    m, _ = make()
+    # 10 records past the commit point of partition 0, of which 3 jobs have not ended.
+    m.update({0: 10, 1: 5}, {0: 0, 1: 5}, open={0: 3})
+    snap = m.snapshot()
+    assert snap.lag == 3
+    assert dict(snap.per_partition) == {0: 3, 1: 0}
+
+
+def test_open_lag_is_never_above_the_consumer_lag() -> None:
+    m, _ = make()
+    m.update({0: 10}, {0: 8}, open={0: 5})  # a count past the end cannot add records
+    assert m.snapshot().lag == 2
+
+
+def test_open_drain_rate_counts_jobs_that_end_before_the_commit_moves() -> None:
+    m, clock = make()
+    m.update({0: 100}, {0: 0}, open={0: 100})
+    clock.t = 1
+    # 10 jobs ended behind a running one: the commit point did not move.
+    m.update({0: 100}, {0: 0}, open={0: 90})
+    assert m.snapshot().drain_rate == 10
+    clock.t = 2
+    # The commit point jumps past them and 10 more end: only those 10 are new.
+    m.update({0: 100}, {0: 20}, open={0: 80})
+    assert m.snapshot().drain_rate == 10
