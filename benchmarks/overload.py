@@ -1,9 +1,11 @@
 """Overload with deadlines: Sluicegate against a naive pipeline on the same arrival trace.
 
 First the engine's capacity is measured (the simulator kept saturated, on the same job mix).
-Then one trace of arrivals at ``--overload`` times that capacity for ``--duration`` seconds,
-deadlines from a log-normal spread, 5 % of callers cancelling and 5 % going away (they stop
-polling, their heartbeat lease lapses), is run twice in this process:
+Then one trace of arrivals at ``--overload`` times that capacity for ``--duration`` seconds of
+the simulated GPU's time (``--time-scale`` times as many wall seconds: the simulator runs that
+much slower than the GPU it models, so that this machine's CPU keeps up), deadlines from a
+log-normal spread, 5 % of callers cancelling and 5 % going away (they stop polling, their
+heartbeat lease lapses), is run twice in this process:
 
 - Sluicegate: the API (admission on lag, deadline-aware), the outbox relay, one KV-gated
   worker with its pre-decode gate and mid-decode aborts, on real PostgreSQL and the broker;
@@ -23,6 +25,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -48,8 +51,10 @@ from workers.service import run_worker
 OUT = OUT_DIR / "overload.json"
 TENANT = "bench"
 LEASE_S = 3.0  # the leaving callers' heartbeat lease; they poll every LEASE_S / 3
-# Admission thresholds: the jobs in flight at capacity (Little's law, L = capacity x service
-# time: their records count in the lag until they end) plus this many seconds of queue.
+# Admission thresholds: capacity x (p99 service time + these seconds). The lag counts the
+# jobs running (about capacity x mean service time, Little's law) and the queue behind them;
+# on the p99 the queue holds about capacity x (p99 - mean) + 2 s, enough to refill the
+# engine when jobs that started together end together.
 LAG_SOFT_S = 2.0
 LAG_HARD_S = 5.0
 
@@ -171,17 +176,18 @@ async def run_sluicegate(
     time_scale: float,
     max_prefill_tokens: int | None = None,
     partitions: int = 4,
+    lag_measure: str = "open",
+    deadline_aware: bool = True,
 ) -> tuple[list[dict[str, Any]], Counting, dict[str, Any]]:
     overrides: dict[str, object] = {
         "lag_soft": round(cap.jobs_per_s * (cap.service_p99_s + LAG_SOFT_S)),
         "lag_hard": round(cap.jobs_per_s * (cap.service_p99_s + LAG_HARD_S)),
         "max_blocked": 1024,
         "max_block_ms": 3000,
+        # Deadline-aware admission: the queue wait (lag less running, over the drain rate)
+        # plus max_tokens x the saturated time per token.
         "expected_token_time_s": cap.decode_s_per_token,
-        # The static service estimate of deadline-aware admission (expected_token_time_s x
-        # max_tokens, at the saturated per-token time) refuses most of this trace's jobs;
-        # the workers' pre-decode gate, on the measured speed, makes that call here.
-        "deadline_aware": False,
+        "deadline_aware": deadline_aware,
         # Before the first job ends the drain rate is unknown and Retry-After would be this
         # cap; these callers' deadlines are tens of seconds.
         "retry_after_max_s": 10.0,
@@ -190,6 +196,7 @@ async def run_sluicegate(
         "max_input_bytes": 1_000_000,
         "partitions": partitions,
         "sim_time_scale": time_scale,
+        "lag_measure": lag_measure,
     }
     async with pipeline(admin, bootstrap, **overrides) as bench:
         bench.start_relay()
@@ -235,10 +242,13 @@ class Sample:
     lag: int  # the admission's reading of the worker group's lag
     engine_s: float  # the engine's own clock
     cpu_s: float  # this process's CPU time
+    late_s: float  # how late the sampler's last one-second sleep woke (the event loop's lag)
+    refused: int  # refused submits so far, retried or not
 
 
 async def sample(engine: SimEngine, bench: Bench, t0: float, out: list[Sample]) -> None:
     """The engine's load and the lag, every second."""
+    late = 0.0
     while True:
         cap = engine.capacity()
         lag = bench.app.state.monitor.snapshot().lag
@@ -250,9 +260,13 @@ async def sample(engine: SimEngine, bench: Bench, t0: float, out: list[Sample]) 
                 lag,
                 engine.simulated_s,
                 time.process_time(),
+                late,
+                sum(REFUSALS.values()),
             )
         )
+        slept = time.monotonic()
         await asyncio.sleep(1.0)
+        late = time.monotonic() - slept - 1.0
 
 
 def engine_use(samples: list[Sample], time_scale: float) -> dict[str, Any]:
@@ -272,8 +286,52 @@ def engine_use(samples: list[Sample], time_scale: float) -> dict[str, Any]:
         ),
         "process_cpu_share": round((last.cpu_s - first.cpu_s) / wall, 3),
         "mean_running": round(sum(s.running for s in samples) / len(samples), 1),
-        "every_5_s": [[round(s.at_s), s.running, s.waiting, s.lag] for s in samples[::5]],
+        # [s, running, waiting in the engine, lag, event loop late (ms), refusals per s]
+        "every_5_s": [
+            [
+                round(s.at_s),
+                s.running,
+                s.waiting,
+                s.lag,
+                round(s.late_s * 1000),
+                round((s.refused - p.refused) / max(s.at_s - p.at_s, 1e-9)),
+            ]
+            for p, s in zip(samples[::5], samples[5::5], strict=False)
+        ],
+        "event_loop_late_p99_ms": round(percentile([s.late_s for s in samples], 0.99) * 1000),
     }
+
+
+def timeline(outcomes: list[dict[str, Any]], step_s: int = 5) -> list[list[int]]:
+    """[s, queued, running, on time] every ``step_s`` from the first arrival, from the jobs'
+    own times: queued = accepted and not yet started or ended, running = started, not ended,
+    on time = ended by its deadline in the last ``step_s``, for a caller still there."""
+    if not outcomes:
+        return []
+    first = outcomes[0]
+    wall0 = first["arrived_at"] - timedelta(seconds=first["arrival"].at_s)
+    spans = [
+        (
+            (o["created_at"] - wall0).total_seconds(),
+            None if o["started_at"] is None else (o["started_at"] - wall0).total_seconds(),
+            o["finished_s"],
+        )
+        for o in outcomes
+    ]
+    on_time = [
+        o["finished_s"]
+        for o in outcomes
+        if o["state"] == "succeeded" and o["finished_at"] <= o["deadline"]
+    ]
+    out = []
+    for t in range(0, math.ceil(max(end for _, _, end in spans)) + step_s, step_s):
+        queued = sum(
+            1 for made, start, end in spans if made <= t < (end if start is None else start)
+        )
+        running = sum(1 for _, start, end in spans if start is not None and start <= t < end)
+        done = sum(1 for end in on_time if t - step_s < end <= t)
+        out.append([t, queued, running, done])
+    return out
 
 
 async def wait_all_terminal(bench: Bench, accepted: dict[str, Arrival]) -> list[dict[str, Any]]:
@@ -292,6 +350,7 @@ async def job_rows(bench: Bench) -> list[dict[str, Any]]:
         jobs.c.state,
         jobs.c.deadline,
         jobs.c.created_at,
+        jobs.c.started_at,
         jobs.c.finished_at,
         jobs.c.decoded_tokens,
         jobs.c.error,
@@ -416,8 +475,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     print(f"capacity {cap.jobs_per_s:.2f} jobs/s, {cap.decode_s_per_token * 1000:.1f} ms/token")
     print(f"service time of a job at saturation {cap.service_s:.1f}s, p99 {cap.service_p99_s:.1f}s")
-    arrivals = trace(cap.jobs_per_s * args.overload, args.duration, mix, service_s=cap.service_s)
-    print(f"{len(arrivals)} arrivals over {args.duration:.0f}s ({args.overload}x capacity)")
+    wall_s = args.duration * args.time_scale
+    arrivals = trace(cap.jobs_per_s * args.overload, wall_s, mix, service_s=cap.service_s)
+    print(
+        f"{len(arrivals)} arrivals over {wall_s:.0f}s ({args.duration:.0f} engine s, "
+        f"{args.overload}x capacity)"
+    )
     async with services() as (admin, bootstrap):
         outcomes, engine, settings = await run_sluicegate(
             admin,
@@ -427,10 +490,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             args.time_scale,
             args.max_prefill_tokens,
             args.partitions,
+            args.lag_measure,
+            not args.no_deadline_aware,
         )
     sluicegate = summarize_sluicegate(
         outcomes, engine, len(arrivals), cap, settings.pop("engine_tokens_decoded")
     )
+    sluicegate["jobs_every_5_s"] = timeline(outcomes)
     sluicegate["engine"] = engine_use(settings.pop("samples"), args.time_scale)
     sluicegate["refused_attempts"] = dict(REFUSALS)
     print("sluicegate:", json.dumps(sluicegate), flush=True)
@@ -442,7 +508,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     print("naive:", json.dumps(naive), flush=True)
     report = {
         "config": {
-            "duration_s": args.duration,
+            "duration_engine_s": args.duration,
+            "duration_wall_s": args.duration * args.time_scale,
             "overload": args.overload,
             "time_scale": args.time_scale,
             "capacity_warm_s": args.capacity_warm_s,
@@ -484,7 +551,12 @@ def write(
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=60.0,
+        help="of arrivals, in the simulated GPU's seconds (wall: x the time scale)",
+    )
     parser.add_argument("--overload", type=float, default=3.0)
     parser.add_argument("--time-scale", type=float, default=4.0)
     parser.add_argument(
@@ -496,6 +568,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-naive", action="store_true", help="diagnosis: Sluicegate only")
     parser.add_argument("--max-prefill-tokens", type=int, default=None, help="pace refills")
     parser.add_argument("--partitions", type=int, default=4, help="of the dispatch topic")
+    parser.add_argument(
+        "--lag-measure", choices=("open", "consumer"), default="open", help="what admission reads"
+    )
+    parser.add_argument(
+        "--no-deadline-aware", action="store_true", help="admission does not check deadlines"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
     parser.add_argument("--out", type=Path, default=None, help="default docs/bench/overload.json")
     return parser
@@ -519,7 +597,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         # A few dozen arrivals whose deadlines (up to 5x the service time) pass within
         # seconds; capacity: the first cohort of a saturated engine ends about 7 engine s in.
-        args.duration, args.time_scale = min(args.duration, 4.0), min(args.time_scale, 0.5)
+        args.duration, args.time_scale = min(args.duration, 8.0), min(args.time_scale, 0.5)
         args.overload = min(args.overload, 0.5)
         args.capacity_warm_s, args.capacity_measure_s = 8.0, 6.0
     args.out = args.out or (None if args.quick else OUT)
