@@ -53,7 +53,7 @@ class Scenario:
 SCENARIOS: tuple[Scenario, ...] = (
     # The heptamini, then a 20 s burst at 10x the drain rate in reject and in block mode.
     Scenario(
-        name="admission", module="benchmarks.admission", argv=("--burst-s", "20"), expected_s=80
+        name="admission", module="benchmarks.admission", argv=("--burst-s", "20"), expected_s=75
     ),
     # Both workloads, KV-gated and greedy, on 300 jobs each (the README's: 800 and 400),
     # at real roofline time.
@@ -74,7 +74,7 @@ SCENARIOS: tuple[Scenario, ...] = (
             "--capacity-measure-s",
             "30",
         ),
-        expected_s=270,
+        expected_s=315,
     ),
     # 50 one-at-a-time trials (the default: 200) and 200 waiters woken by one write.
     Scenario(
@@ -85,7 +85,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     # 1, 2 and 4 workers, a 20 s window each (the default: 30 s).
     Scenario(
-        name="scale_out", module="benchmarks.scale_out", argv=("--window-s", "20"), expected_s=160
+        name="scale_out", module="benchmarks.scale_out", argv=("--window-s", "20"), expected_s=140
     ),
     # benchmarks/ingress.py (Celery on Redis as the baseline): its own defaults.
     Scenario(name="ingress", module="benchmarks.ingress", argv=(), expected_s=90),
