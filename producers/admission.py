@@ -20,6 +20,7 @@ from typing import Literal
 from producers.lag import LagMonitor, LagSnapshot
 from producers.metrics import ADMISSIONS, BLOCKED
 from producers.ratelimit import TenantLimits
+from producers.repository import Flow
 from schemas.batches import BatchTooLarge
 from schemas.errors import SluicegateError
 from schemas.jobs import Priority
@@ -71,6 +72,9 @@ class Policy:
     low_factor: float
     deadline_aware: bool
     token_time_s: float
+    # Use the measured seconds per output token once this many recent jobs were timed;
+    # 0: always token_time_s.
+    measured_after: int = 0
     retry_min_s: float
     retry_max_s: float
     lag_interval_s: float
@@ -87,6 +91,7 @@ class Policy:
             low_factor=s.low_priority_factor,
             deadline_aware=s.deadline_aware,
             token_time_s=s.expected_token_time_s,
+            measured_after=s.speed_min_samples if s.deadline_speed == "measured" else 0,
             retry_min_s=s.retry_after_min_s,
             retry_max_s=s.retry_after_max_s,
             lag_interval_s=s.lag_interval_s,
@@ -118,6 +123,7 @@ class AdmissionController:
         self._limits = limits
         self._blocked = 0
         self._running = 0
+        self._token_time_s: float | None = None  # measured; None: not (yet) used
         self._throttled = False
         # Admissions so far, and those whose job is committed. A lag reading includes the
         # jobs committed before it began (its mark) and none admitted after; the rest are
@@ -268,6 +274,20 @@ class AdmissionController:
         commit when a job ends), but a new job does not wait behind them in the queue."""
         self._running = count
 
+    def observe(self, flow: Flow) -> None:
+        """The flow read every few seconds: the running jobs, and the seconds per output
+        token recent jobs took (used once ``measured_after`` of them were timed)."""
+        self.running_jobs(flow.running)
+        after = self._policy.measured_after
+        enough = after > 0 and flow.timed_jobs >= after and flow.token_time_s is not None
+        self._token_time_s = flow.token_time_s if enough else None
+
+    @property
+    def token_time_s(self) -> float:
+        """Seconds per output token that the deadline check predicts a job's service with."""
+        measured = self._token_time_s
+        return self._policy.token_time_s if measured is None else measured
+
     def _check_deadline(
         self,
         lag: LagSnapshot,
@@ -283,7 +303,7 @@ class AdmissionController:
         wait_s = lag.drain_time_s(max(0, lag.lag - self._running) + ahead)
         if wait_s is None:
             return  # no drain measured yet: no prediction to refuse on
-        service_s = max_tokens * self._policy.token_time_s
+        service_s = max_tokens * self.token_time_s
         left_s = (deadline - now).total_seconds()
         if wait_s + service_s > left_s:
             raise Refused(

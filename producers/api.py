@@ -122,7 +122,7 @@ def create_app(
         tasks = [
             asyncio.create_task(monitor.run(stop), name="lag-monitor"),
             asyncio.create_task(
-                report_flow(repo, monitor, stop, app.state.admission.running_jobs), name="flow"
+                report_flow(repo, monitor, stop, app.state.admission.observe), name="flow"
             ),
             asyncio.create_task(listener.run(stop), name="jobs-listener"),
             asyncio.create_task(groups.run(stop), name="submit-groups"),

@@ -10,7 +10,7 @@ from sqlalchemy.exc import DBAPIError
 
 from producers.lag import LagMonitor
 from producers.metrics import IN_FLIGHT, LATENCY_W, LITTLE_L
-from producers.repository import JobRepository
+from producers.repository import Flow, JobRepository
 from sluicegate.aio import wait_first
 
 log = logging.getLogger(__name__)
@@ -22,10 +22,10 @@ async def report_flow(
     repo: JobRepository,
     monitor: LagMonitor,
     stop: asyncio.Event,
-    on_running: Callable[[int], None] | None = None,
+    on_flow: Callable[[Flow], None] | None = None,
 ) -> None:
-    """Every FLOW_INTERVAL_S: in-flight jobs and W as metrics, and the number of jobs
-    running on workers to ``on_running`` (the admission controller's queue estimate)."""
+    """Every FLOW_INTERVAL_S: in-flight jobs and W as metrics, and the reading to
+    ``on_flow`` (the admission controller's queue and service estimates)."""
     while not stop.is_set():
         try:
             flow = await repo.flow()
@@ -33,8 +33,8 @@ async def report_flow(
             log.warning("flow metrics unavailable: %r", exc)
         else:
             IN_FLIGHT.set(flow.in_flight)
-            if on_running is not None:
-                on_running(flow.running)
+            if on_flow is not None:
+                on_flow(flow)
             if flow.mean_latency_s is not None:
                 LATENCY_W.set(flow.mean_latency_s)
                 LITTLE_L.set((monitor.snapshot().arrival_rate or 0.0) * flow.mean_latency_s)

@@ -86,6 +86,10 @@ class Flow:
     running: int  # started on a worker, not yet terminal
     finished_recently: int
     mean_latency_s: float | None
+    # Of the jobs that succeeded in the window: how many decoded at least one token, and the
+    # median of their seconds per output token, started to finished (prefill included).
+    timed_jobs: int = 0
+    token_time_s: float | None = None
 
 
 def new_job_id() -> str:
@@ -390,11 +394,22 @@ class JobRepository:
                     .where(jobs.c.state.not_in(_TERMINAL))
                 )
             ).one()
+            timed = and_(
+                jobs.c.state == JobState.SUCCEEDED.value,
+                jobs.c.decoded_tokens > 0,
+                jobs.c.started_at.is_not(None),
+            )
+            per_token = (
+                func.extract("epoch", jobs.c.finished_at - jobs.c.started_at)
+                / jobs.c.decoded_tokens
+            )
             recent = (
                 await conn.execute(
                     select(
                         func.count(),
                         func.avg(func.extract("epoch", jobs.c.finished_at - jobs.c.created_at)),
+                        func.count().filter(timed),
+                        func.percentile_cont(0.5).within_group(per_token).filter(timed),
                     ).where(jobs.c.finished_at > func.now() - timedelta(seconds=FLOW_WINDOW_S))
                 )
             ).one()
@@ -403,6 +418,8 @@ class JobRepository:
             running=int(running),
             finished_recently=int(recent[0]),
             mean_latency_s=float(recent[1]) if recent[1] is not None else None,
+            timed_jobs=int(recent[2]),
+            token_time_s=float(recent[3]) if recent[3] is not None else None,
         )
 
 

@@ -87,7 +87,11 @@ class Settings(BaseSettings):
     # Low-priority jobs block from lag_soft * low_priority_factor and are refused at lag_soft.
     low_priority_factor: float = Field(default=0.5, gt=0, le=1)
     deadline_aware: bool = True
-    # Seconds per output token a job is expected to take once started (service time).
+    # The service time deadline-aware admission predicts is max_tokens x seconds per output
+    # token: with "measured", the median of the jobs that succeeded in the last minute
+    # (started to finished over tokens decoded, prefill included) once speed_min_samples of
+    # them ended; until then, and with "static", expected_token_time_s.
+    deadline_speed: Literal["measured", "static"] = "measured"
     expected_token_time_s: float = Field(default=0.02, ge=0)
     retry_after_min_s: float = Field(default=1.0, gt=0)
     retry_after_max_s: float = Field(default=60.0, gt=0)

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import func, select
 
 from producers.lag import KafkaLagSource, LagMonitor, Reading
+from producers.repository import JobRepository
 from producers.service import run_relay
 from schemas.tables import jobs
 from sluicegate.db import make_engine
@@ -160,3 +161,32 @@ async def test_open_lag_leaves_out_records_of_ended_jobs(pipeline: Pipeline) -> 
         for source in sources:
             await source.close()
         await db.dispose()
+
+
+async def test_flow_measures_seconds_per_output_token_of_recent_jobs(pipeline: Pipeline) -> None:
+    """The deadline check's measured speed: the median over jobs that succeeded in the last
+    minute of (finished - started) / decoded tokens, read from the real rows."""
+    s = pipeline.settings
+    pipeline.start(run_relay)
+    pipeline.start(run_worker)
+    ids = await pipeline.submit(4)
+    views = await pipeline.wait_terminal(ids)
+    assert {v["state"] for v in views.values()} == {"succeeded"}
+    db = make_engine(s.require_database_url(), pool_size=1)
+    try:
+        repo = JobRepository(db, dispatch_topic=s.dispatch_topic, events_topic=s.events_topic)
+        flow = await repo.flow()
+        async with db.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(jobs.c.started_at, jobs.c.finished_at, jobs.c.decoded_tokens)
+                )
+            ).all()
+    finally:
+        await db.dispose()
+    per_token = sorted(
+        (r.finished_at - r.started_at).total_seconds() / r.decoded_tokens for r in rows
+    )
+    assert flow.timed_jobs == 4
+    assert flow.token_time_s is not None
+    assert flow.token_time_s == pytest.approx((per_token[1] + per_token[2]) / 2, rel=1e-6)

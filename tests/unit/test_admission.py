@@ -11,6 +11,7 @@ import pytest
 from producers.admission import AdmissionController, Policy, Refused
 from producers.lag import LagMonitor, Reading
 from producers.ratelimit import TenantLimits
+from producers.repository import Flow
 from schemas.batches import BatchTooLarge
 from schemas.jobs import Priority
 
@@ -138,6 +139,34 @@ async def test_jobs_already_running_are_not_queue_ahead_of_a_new_one() -> None:
     assert await admit(c, ttl_s=4) == 0.0
     c.running_jobs(0)
     assert (await refusal(c, ttl_s=4)).reason == "deadline_unreachable"
+
+
+def flow(*, running: int = 0, timed: int, token_time_s: float | None) -> Flow:
+    return Flow(
+        in_flight=running,
+        running=running,
+        finished_recently=timed,
+        mean_latency_s=None,
+        timed_jobs=timed,
+        token_time_s=token_time_s,
+    )
+
+
+async def test_the_deadline_check_uses_the_measured_token_time_once_enough_jobs_ended() -> None:
+    # No queue: the service estimate decides. 100 tokens at the static 0.01 s is 1 s.
+    measured = replace(POLICY, measured_after=8)
+    c = controller(0, measured)
+    c.observe(flow(timed=7, token_time_s=0.05))  # too few timed jobs: still the static time
+    assert c.token_time_s == 0.01
+    assert await admit(c, ttl_s=2, max_tokens=100) == 0.0
+    c.observe(flow(timed=8, token_time_s=0.05))  # the engine is slower now: 5 s
+    assert c.token_time_s == 0.05
+    assert (await refusal(c, ttl_s=2, max_tokens=100)).reason == "deadline_unreachable"
+    c.observe(flow(timed=8, token_time_s=0.001))  # and faster: 0.1 s
+    assert await admit(c, ttl_s=0.5, max_tokens=100) == 0.0
+    static = controller(0, replace(POLICY, measured_after=0))
+    static.observe(flow(timed=100, token_time_s=0.05))
+    assert static.token_time_s == 0.01
 
 
 async def test_priority_high_passes_soft_low_is_refused_first() -> None:
