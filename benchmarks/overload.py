@@ -185,7 +185,8 @@ async def run_sluicegate(
         "max_blocked": 1024,
         "max_block_ms": 3000,
         # Deadline-aware admission: the queue wait (lag less running, over the drain rate)
-        # plus max_tokens x the saturated time per token.
+        # plus max_tokens x the measured time per output token (deadline_speed), or the
+        # saturated one until the warm-up jobs are timed.
         "expected_token_time_s": cap.decode_s_per_token,
         "deadline_aware": deadline_aware,
         # Before the first job ends the drain rate is unknown and Retry-After would be this
