@@ -100,6 +100,8 @@ jobs = Table(
     ),
     Index("ix_jobs_batch_id_id", "batch_id", "id", postgresql_where=text("batch_id IS NOT NULL")),
     Index("ix_jobs_tenant_id", "tenant", "id"),
+    # The flow metrics and the measured speed read the jobs that ended in the last minute.
+    Index("ix_jobs_finished_at", "finished_at", postgresql_where=text("finished_at IS NOT NULL")),
     Index(
         "ix_jobs_dispatch_position",
         "dispatch_partition",
