@@ -264,7 +264,8 @@ class KafkaLagSource:
 
     async def _open(self, conn: AsyncConnection, committed: dict[int, int]) -> dict[int, int]:
         """Per partition, the jobs not yet ended whose record of this log lies at or past the
-        commit point (a range of the dispatch-position index per partition)."""
+        commit point (the open jobs are found by index: ix_jobs_state or the partial
+        ix_jobs_dispatch_position)."""
         points = (
             func.unnest(
                 bindparam("partitions", type_=ARRAY(Integer())),
@@ -274,7 +275,7 @@ class KafkaLagSource:
             .render_derived(name="points")
         )
         # The states as literals, so that a prepared statement's generic plan can still use
-        # the partial index (ix_jobs_dispatch_position).
+        # the partial index (ix_jobs_dispatch_position) where the planner prefers it.
         open_states: list[ColumnElement[str]] = [
             literal_column(f"'{state.value}'") for state in OPEN_STATES
         ]
