@@ -227,6 +227,10 @@ async def run_sluicegate(
                 **row,
                 "arrival": arrival,
                 "arrived_at": wall0 + timedelta(seconds=arrival.at_s),
+                "created_s": (row["created_at"] - wall0).total_seconds(),
+                "started_s": None
+                if row["started_at"] is None
+                else (row["started_at"] - wall0).total_seconds(),
                 "finished_s": (row["finished_at"] - wall0).total_seconds(),
             }
         )
@@ -309,28 +313,15 @@ def timeline(outcomes: list[dict[str, Any]], step_s: int = 5) -> list[list[int]]
     on time = ended by its deadline in the last ``step_s``, for a caller still there."""
     if not outcomes:
         return []
-    first = outcomes[0]
-    wall0 = first["arrived_at"] - timedelta(seconds=first["arrival"].at_s)
-    spans = [
-        (
-            (o["created_at"] - wall0).total_seconds(),
-            None if o["started_at"] is None else (o["started_at"] - wall0).total_seconds(),
-            o["finished_s"],
-        )
-        for o in outcomes
-    ]
-    on_time = [
-        o["finished_s"]
-        for o in outcomes
-        if o["state"] == "succeeded" and o["finished_at"] <= o["deadline"]
-    ]
+    spans = [(o["created_s"], o["started_s"], o["finished_s"]) for o in outcomes]
+    ended_on_time = [o["finished_s"] for o in outcomes if succeeded_on_time(o)]
     out = []
     for t in range(0, math.ceil(max(end for _, _, end in spans)) + step_s, step_s):
         queued = sum(
             1 for made, start, end in spans if made <= t < (end if start is None else start)
         )
         running = sum(1 for _, start, end in spans if start is not None and start <= t < end)
-        done = sum(1 for end in on_time if t - step_s < end <= t)
+        done = sum(1 for end in ended_on_time if t - step_s < end <= t)
         out.append([t, queued, running, done])
     return out
 
@@ -386,6 +377,11 @@ def figures(
     }
 
 
+def succeeded_on_time(outcome: dict[str, Any]) -> bool:
+    """A Sluicegate job that succeeded by its deadline (a caller who left ends it abandoned)."""
+    return bool(outcome["state"] == "succeeded" and outcome["finished_at"] <= outcome["deadline"])
+
+
 def summarize_sluicegate(
     outcomes: list[dict[str, Any]],
     engine: Counting,
@@ -394,8 +390,8 @@ def summarize_sluicegate(
     decoded: int,
 ) -> dict[str, Any]:
     succeeded = [o for o in outcomes if o["state"] == "succeeded"]
-    on_time = [o for o in succeeded if o["finished_at"] <= o["deadline"]]
-    useful_tokens = sum(engine.tokens[o["id"]] for o in on_time)
+    ended_on_time = [o for o in succeeded if succeeded_on_time(o)]
+    useful_tokens = sum(engine.tokens[o["id"]] for o in ended_on_time)
     before_decode = [
         o
         for o in outcomes
@@ -411,7 +407,7 @@ def summarize_sluicegate(
     )
     return {
         **figures(
-            [o["finished_s"] for o in on_time],
+            [o["finished_s"] for o in ended_on_time],
             latencies,
             decoded=decoded,
             useful_tokens=useful_tokens,
@@ -421,7 +417,7 @@ def summarize_sluicegate(
         "accepted": len(outcomes),
         "refused": arrivals - len(outcomes),
         "succeeded": len(succeeded),
-        "completed_past_deadline": len(succeeded) - len(on_time),
+        "completed_past_deadline": len(succeeded) - len(ended_on_time),
         "dropped_before_decode": len(before_decode),
         "tokens_decoded_for_dropped": sum(engine.tokens[o["id"]] for o in before_decode),
         "dropped_that_reached_engine": sum(1 for o in before_decode if o["id"] in engine.received),
@@ -510,7 +506,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     report = {
         "config": {
             "duration_engine_s": args.duration,
-            "duration_wall_s": args.duration * args.time_scale,
+            "duration_wall_s": wall_s,
             "overload": args.overload,
             "time_scale": args.time_scale,
             "capacity_warm_s": args.capacity_warm_s,
