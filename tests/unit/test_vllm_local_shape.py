@@ -20,7 +20,8 @@ from workers.engines.errors import (
     EngineNotRunning,
     RequestTooLarge,
 )
-from workers.engines.vllm_local import VllmLocalEngine, build_prompt, output_pieces
+from workers.engines.prompts import build_prompt
+from workers.engines.vllm_local import VllmLocalEngine, output_pieces
 from workers.engines.vllm_stats import StatsSink, capacity_from
 
 

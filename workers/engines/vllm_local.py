@@ -3,7 +3,8 @@
 Written against vLLM 0.33 (the ``vllm`` extra). vLLM is imported only in ``start()`` and
 ``generate()``, so this module imports (and the worker can be built) without it.
 
-- Prompts: ``summarize`` wraps the document in a plain-text instruction (``build_prompt``);
+- Prompts: ``summarize`` wraps the document in a plain-text instruction
+  (``prompts.build_prompt``);
   ``complete`` sends the input as it is. The model's chat template is not applied, so the
   same prompt works for base and instruct models alike.
 - Tokens: the prompt is tokenized here with the engine's tokenizer and submitted as token
@@ -22,7 +23,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from schemas.jobs import JobKind
 from workers.engines.base import Capacity, GenerationRequest
 from workers.engines.errors import (
     DuplicateRequest,
@@ -30,16 +30,8 @@ from workers.engines.errors import (
     EngineNotRunning,
     RequestTooLarge,
 )
+from workers.engines.prompts import build_prompt
 from workers.engines.vllm_stats import StatsSink
-
-SUMMARIZE_INSTRUCTION = "Summarize the following document concisely, in plain prose."
-
-
-def build_prompt(kind: JobKind, text: str) -> str:
-    """The prompt the model sees for a job of ``kind`` with input ``text``."""
-    if kind is JobKind.SUMMARIZE:
-        return f"{SUMMARIZE_INSTRUCTION}\n\nDocument:\n{text}\n\nSummary:"
-    return text
 
 
 def output_pieces(text: str, num_tokens: int) -> list[str]:
