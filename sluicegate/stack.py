@@ -16,7 +16,7 @@ from typing import IO, Any
 import httpx
 
 from sluicegate import migrate
-from sluicegate.embedded import EmbeddedBroker, EmbeddedPostgres
+from sluicegate.embedded import EmbeddedBroker, EmbeddedPostgres, free_port
 from sluicegate.kafka import ensure_topics
 from sluicegate.settings import Settings
 
@@ -24,12 +24,16 @@ log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_S = 1.0
 STOP_GRACE_S = 5.0
+ENGINE_READY_S = 60.0
+ENGINE_ROLE = "llama"
+"""Role prefix of the engine servers the stack runs (one per worker, stopped after it)."""
 
 
 @dataclass
 class Child:
     role: str
     args: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # on top of the stack's
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
 
@@ -40,6 +44,9 @@ class Stack:
 
     settings: Settings
     workers: int = 2
+    # The workers' engine. "llamacpp": each worker gets a llama.cpp server of its own on a
+    # free loopback port (a child like the others), so its slot gate sees every request.
+    engine: str = "sim"
     log_dir: Path | None = None  # None: children write to our stdout/stderr
     database_url: str = ""
     bootstrap: str = ""
@@ -54,6 +61,11 @@ class Stack:
     @property
     def api_url(self) -> str:
         return f"http://{self.settings.api_host}:{self.settings.api_port}"
+
+    @property
+    def engine_urls(self) -> list[str]:
+        """The engine servers the stack runs (one per worker), once started."""
+        return [c.env["SLUICEGATE_LLAMACPP_URL"] for c in self._children if _is_engine(c)]
 
     async def start_services(self) -> None:
         """PostgreSQL, the broker, migrations and topics."""
@@ -91,15 +103,60 @@ class Stack:
         return env
 
     async def start_processes(self) -> None:
+        engines = self._engine_children()
         self._children = [
             Child("api", ["api"]),
+            *engines,
             Child("relay", ["relay"]),
             Child("webhooks", ["webhooks"]),
-            *(Child(f"worker-{i + 1}", ["worker"]) for i in range(self.workers)),
+            *(
+                Child(f"worker-{i + 1}", ["worker"], env=self._worker_env(engines, i))
+                for i in range(self.workers)
+            ),
         ]
         for child in self._children:
             await self._spawn(child)
         await self._wait_api_ready()
+        for child in engines:
+            await self._wait_healthy(child)
+
+    def _engine_children(self) -> list[Child]:
+        if self.engine != "llamacpp":
+            return []
+        children = []
+        for i in range(self.workers):
+            url = f"http://127.0.0.1:{free_port()}"
+            children.append(
+                Child(f"{ENGINE_ROLE}-{i + 1}", ["llama-server"], env=_llamacpp_env(url))
+            )
+        return children
+
+    def _worker_env(self, engines: list[Child], index: int) -> dict[str, str]:
+        env = {"SLUICEGATE_ENGINE": self.engine}
+        if engines:
+            env.update(engines[index].env)
+        return env
+
+    async def _wait_healthy(self, child: Child) -> None:
+        """Wait for an engine server's /health; an error naming its log if it exits."""
+        url = child.env["SLUICEGATE_LLAMACPP_URL"]
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            async with asyncio.timeout(ENGINE_READY_S):
+                while True:
+                    if child.process is not None and child.process.returncode is not None:
+                        raise RuntimeError(
+                            f"{child.role} exited with code {child.process.returncode}"
+                            + self._see_log(child)
+                        )
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await http.get(f"{url}/health")).status_code == 200:
+                            return
+                    await asyncio.sleep(0.1)
+
+    def _see_log(self, child: Child) -> str:
+        if self.log_dir is None:
+            return ""
+        return f" (see {self.log_dir / f'{child.role}.log'})"
 
     async def _spawn(self, child: Child) -> None:
         out: IO[bytes] | None = None
@@ -112,7 +169,7 @@ class Stack:
             "-m",
             "sluicegate",
             *child.args,
-            env=self.child_env(),
+            env={**self.child_env(), **child.env},
             stdout=out,
             stderr=asyncio.subprocess.STDOUT if out is not None else None,
             start_new_session=True,  # our signals reach them only through us
@@ -168,7 +225,7 @@ class Stack:
         the lost log), and give every unfinished job a fresh dispatch record."""
         assert self._broker is not None
         log.error("the embedded broker exited; restarting it with an empty log")
-        pipeline = [c for c in self._children if c.role != "api"]
+        pipeline = [c for c in self._children if c.role != "api" and not _is_engine(c)]
         await self._terminate([c.process for c in pipeline if c.process is not None])
         await self._broker.restart()
         await ensure_topics(
@@ -182,8 +239,13 @@ class Stack:
             await self._spawn(child)
 
     async def stop(self) -> None:
-        """SIGTERM every process, give them time to drain, then stop the services."""
-        await self._terminate([c.process for c in self._children if c.process is not None])
+        """SIGTERM every process, give them time to drain, then stop the services. The
+        engine servers go last: a draining worker still finishes its jobs on them."""
+        for group in (
+            [c for c in self._children if not _is_engine(c)],
+            [c for c in self._children if _is_engine(c)],
+        ):
+            await self._terminate([c.process for c in group if c.process is not None])
         for out in self._logs:
             out.close()
         if self._broker is not None:
@@ -204,3 +266,12 @@ class Stack:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 await process.wait()
+
+
+def _is_engine(child: Child) -> bool:
+    return child.role.startswith(f"{ENGINE_ROLE}-")
+
+
+def _llamacpp_env(url: str) -> dict[str, str]:
+    """What a llama.cpp server child and its worker share: the server's address."""
+    return {"SLUICEGATE_LLAMACPP_URL": url}
