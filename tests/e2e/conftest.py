@@ -14,8 +14,8 @@ from tests.e2e.stack import RunningStack, start_stack
 def stack_factory(tmp_path: Path) -> Iterator[Callable[..., RunningStack]]:
     started: list[RunningStack] = []
 
-    def factory(workers: int = 2, **env: str) -> RunningStack:
-        stack = start_stack(tmp_path, workers=workers, extra_env=env)
+    def factory(workers: int = 2, args: list[str] | None = None, **env: str) -> RunningStack:
+        stack = start_stack(tmp_path, workers=workers, extra_env=env, args=args)
         started.append(stack)
         return stack
 

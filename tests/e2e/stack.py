@@ -31,6 +31,10 @@ class RunningStack:
     output: list[str] = field(default_factory=list)
     descendants: list[psutil.Process] = field(default_factory=list)
 
+    def log_text(self) -> str:
+        """What `sluicegate up` printed so far."""
+        return Path(self.log.name).read_text()
+
     def stop(self, timeout_s: float = 60) -> int:
         self.descendants = psutil.Process(self.process.pid).children(recursive=True)
         self.process.send_signal(signal.SIGTERM)
@@ -41,7 +45,11 @@ class RunningStack:
 
 
 def start_stack(
-    data_dir: Path, *, workers: int, extra_env: dict[str, str] | None = None
+    data_dir: Path,
+    *,
+    workers: int,
+    extra_env: dict[str, str] | None = None,
+    args: list[str] | None = None,
 ) -> RunningStack:
     port = free_port()
     env = {
@@ -58,7 +66,7 @@ def start_stack(
     seen = out.stat().st_size if out.exists() else 0  # a restart appends to the same file
     log = open(out, "a")  # noqa: SIM115
     process = subprocess.Popen(
-        [sys.executable, "-m", "sluicegate", "up", "--workers", str(workers)],
+        [sys.executable, "-m", "sluicegate", "up", "--workers", str(workers), *(args or [])],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
