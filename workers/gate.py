@@ -2,9 +2,10 @@
 
 The pull gate: may the next dispatch record start on the engine now? Policy ``kv`` starts a
 job only when the engine's free KV blocks, less the growth reserved for the jobs already
-running and a watermark, cover the job's need. Policy ``greedy`` starts whatever it is given
-and lets the engine queue (kept to compare against). Both stop at ``max_running`` jobs in
-flight.
+running and a watermark, cover the job's need; on an engine of slots (llama.cpp, where each
+sequence has a context of its own), only when a slot is free and the job fits its context.
+Policy ``greedy`` starts whatever it is given and lets the engine queue (kept to compare
+against). Both stop at ``max_running`` jobs in flight.
 
 The pre-decode gate: should a job that fits still run? It judges every job at the last
 moment, with its row locked, after the KV check and just before the engine sees it: a job
@@ -92,12 +93,23 @@ class PullGate:
             return False  # capacity not known yet (a remote engine before its first scrape)
         if not self._prefill_room(envelope.prompt_tokens):
             return False
+        if cap.slot_context is not None:
+            return self._slot_free(envelope, cap.slot_context, cap)
         need = self._need(envelope, cap)
         if need > cap.total_blocks - self.ledger.watermark_blocks:
             # Larger than the cache can ever hold beside the watermark: start it alone and
             # let the engine run it or refuse it with a clear error.
             return self.ledger.running == 0
         return self.ledger.can_start(need, cap.free_blocks, cap.total_blocks)
+
+    def _slot_free(self, envelope: DispatchEnvelope, slot_context: int, cap: Capacity) -> bool:
+        """Slots (llama.cpp): a job fits a slot's context, and a slot is free both by this
+        worker's own count and by the engine's (busy or waiting in the server)."""
+        expected = self.expected.tokens(envelope.kind, envelope.max_tokens)
+        if envelope.prompt_tokens + expected > slot_context:
+            # Larger than any slot: start it alone, and the engine refuses it clearly.
+            return self.ledger.running == 0
+        return max(self.ledger.running, cap.running + cap.waiting) < cap.total_blocks
 
     def started(self, envelope: DispatchEnvelope) -> JobProgress:
         expected = self.expected.tokens(envelope.kind, envelope.max_tokens)

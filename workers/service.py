@@ -50,6 +50,15 @@ def build_engine(settings: Settings) -> InferenceEngine:
             metrics_interval_s=settings.vllm_metrics_interval_s,
             request_timeout_s=settings.vllm_request_timeout_s,
         )
+    if settings.engine == "llamacpp":
+        from workers.engines.llamacpp import LlamaCppEngine
+
+        return LlamaCppEngine(
+            base_url=settings.llamacpp_url,
+            temperature=settings.llamacpp_temperature,
+            poll_interval_s=settings.llamacpp_poll_interval_s,
+            request_timeout_s=settings.llamacpp_request_timeout_s,
+        )
     if settings.engine == "vllm_local":
         from workers.engines.vllm_local import VllmLocalEngine
 

@@ -23,6 +23,11 @@ class Capacity:
 
     ``max_running`` is the engine's cap on running sequences (vLLM's ``max_num_seqs``), or
     None where the engine does not report it.
+
+    ``slot_context`` is set where each running sequence has a context of its own of that many
+    tokens (llama.cpp's slots): the blocks are then slots (``block_size`` = ``slot_context``),
+    and a job needs one free slot whose context holds its prompt and output. None for a paged
+    cache whose blocks every sequence shares (vLLM, the simulator).
     """
 
     total_blocks: int
@@ -32,6 +37,7 @@ class Capacity:
     waiting: int
     preemptions: int
     max_running: int | None = None
+    slot_context: int | None = None
 
     @property
     def usage(self) -> float:
