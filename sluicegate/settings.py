@@ -192,8 +192,10 @@ class Settings(BaseSettings):
     # How often the worker reads the server's /slots (its capacity).
     llamacpp_poll_interval_s: float = Field(default=0.05, gt=0)
     llamacpp_request_timeout_s: float = Field(default=300.0, gt=0)
-    # Sampling temperature of every job (0: greedy decoding).
+    # Sampling of every job: temperature (0: greedy decoding) and llama.cpp's penalty on
+    # repeating the last 64 tokens (1: none; a small model loops without one).
     llamacpp_temperature: float = Field(default=0.2, ge=0)
+    llamacpp_repeat_penalty: float = Field(default=1.2, ge=1)
 
     # Webhooks (workers/webhooks.py, docs/webhooks.md)
     # The dispatcher's consumer group on the events topic (its faust app id).

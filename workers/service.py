@@ -56,6 +56,7 @@ def build_engine(settings: Settings) -> InferenceEngine:
         return LlamaCppEngine(
             base_url=settings.llamacpp_url,
             temperature=settings.llamacpp_temperature,
+            repeat_penalty=settings.llamacpp_repeat_penalty,
             poll_interval_s=settings.llamacpp_poll_interval_s,
             request_timeout_s=settings.llamacpp_request_timeout_s,
         )

@@ -64,12 +64,14 @@ class LlamaCppEngine:
         *,
         base_url: str,
         temperature: float = 0.2,
+        repeat_penalty: float = 1.2,
         poll_interval_s: float = 0.05,
         request_timeout_s: float = 300.0,
         ready_timeout_s: float = 30.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.temperature = temperature
+        self.repeat_penalty = repeat_penalty
         self.poll_interval_s = poll_interval_s
         self.request_timeout_s = request_timeout_s
         self.ready_timeout_s = ready_timeout_s
@@ -170,6 +172,7 @@ class LlamaCppEngine:
             "messages": messages,
             "max_tokens": request.max_tokens,
             "temperature": self.temperature,
+            "repeat_penalty": self.repeat_penalty,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
