@@ -21,8 +21,10 @@ from workers.engines.vllm_http import UNKNOWN, VllmHttpEngine, capacity_from_met
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 REQUEST = GenerationRequest(request_id="r1", kind=JobKind.COMPLETE, input="hi", max_tokens=50)
 
-# The shape a vLLM V1 server with two engines (data parallel) exposes, another model's
-# series included; only the families the engine reads, plus a few it must skip.
+# The shape a vLLM 0.33 server with two engines (data parallel) of 1,001 blocks each exposes,
+# another model's series included; only the families the engine reads, plus a few it must
+# skip. The frontend sums num_gpu_blocks over its engines (v1/engine/core_client.py ~874-877)
+# and writes that total, 2,002, on every engine's row (v1/metrics/loggers.py ~1133-1136).
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -48,10 +50,10 @@ vllm:num_preemptions_created{engine="0",model_name="@MODEL@"} 1.7e+09
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",\
-engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="1001",\
+engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="2002",\
 num_gpu_blocks_override="None"} 1.0
 vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",\
-engine="1",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="1001",\
+engine="1",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="2002",\
 num_gpu_blocks_override="None"} 1.0
 """.replace("@MODEL@", MODEL)
 

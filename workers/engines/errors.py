@@ -37,3 +37,12 @@ class RequestTooLarge(EngineError):
 
     code = "request_too_large"
     status = 422
+
+
+class EngineAborted(EngineError):
+    """The engine ended the request itself before its output did (vLLM's ``finish_reason``
+    "abort": the server was paused, put to sleep, or told to abort it)."""
+
+    code = "engine_aborted"
+    status = 503
+    retriable = True

@@ -27,6 +27,15 @@ def build_prompt(kind: JobKind, text: str) -> str:
     return text
 
 
+def document_of(prompt: str) -> str:
+    """The document inside a summarize prompt made by ``build_prompt`` (the prompt itself if
+    it is not one): the simulator's summaries are extracts of the document alone."""
+    head, tail = f"{SUMMARIZE_INSTRUCTION}\n\nDocument:\n", "\n\nSummary:"
+    if prompt.startswith(head) and prompt.endswith(tail):
+        return prompt[len(head) : -len(tail)]
+    return prompt
+
+
 def chat_messages(kind: JobKind, text: str) -> list[dict[str, str]]:
     """The chat messages for a job of ``kind``: the instruction as the system message."""
     if kind is JobKind.SUMMARIZE:

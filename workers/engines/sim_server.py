@@ -11,7 +11,8 @@ What it serves, as vLLM does:
   request in the engine (vLLM takes it the same way; the answer's id is ``cmpl-<id>``).
   A client that disconnects aborts its request and frees its KV blocks, as in vLLM.
   Extension: ``sluicegate_kind`` (``complete``, the default, or ``summarize``) picks the
-  simulated output; a real vLLM ignores the field.
+  simulated output (a summary is an extract of the document inside the prompt); a real vLLM
+  allows and ignores the field.
 - ``GET /metrics``: vLLM's names and labels (``model_name``, ``engine``):
   ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
   (a fraction, 0..1), the counter ``vllm:num_preemptions`` (``vllm:num_preemptions_total``
@@ -55,6 +56,7 @@ from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
 from workers.engines.errors import EngineError, EngineNotRunning
 from workers.engines.output import simulated_output
+from workers.engines.prompts import document_of
 from workers.engines.sim import SimEngine
 from workers.tokens import count_tokens, tokenize
 
@@ -234,7 +236,9 @@ def create_app(engine: SimEngine, *, model: str, max_model_len: int | None = Non
         request = GenerationRequest(
             request_id=request_id,
             kind=body.sluicegate_kind,
-            input=body.prompt,
+            input=document_of(body.prompt)
+            if body.sluicegate_kind is JobKind.SUMMARIZE
+            else body.prompt,
             max_tokens=body.max_tokens,
         )
         completion = _Completion(engine, request, model=model, prompt_tokens=prompt_tokens)

@@ -44,3 +44,11 @@ def padding(yielded: int, server_count: int | None) -> list[str]:
     if server_count is None or server_count <= yielded:
         return []
     return [""] * (server_count - yielded)
+
+
+def output_pieces(text: str, num_tokens: int) -> list[str]:
+    """One item per generated token from a delta of ``num_tokens`` tokens and ``text``: the
+    text first, then empty strings (detokenized text cannot be split back into tokens)."""
+    if num_tokens <= 0:
+        return [text] if text else []
+    return [text] + [""] * (num_tokens - 1)

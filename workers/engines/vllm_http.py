@@ -1,13 +1,41 @@
-"""The engine as a remote ``vllm serve`` (or ``sluicegate sim-server``) over HTTP.
+"""The engine as a remote ``vllm serve`` (or ``sluicegate sim-server``) over HTTP, written
+against vLLM 0.33 (paths below are inside its ``vllm/`` package).
 
-Generation streams ``POST /v1/completions`` (server-sent events), one item per chunk, with
-the request id in the ``X-Request-Id`` header. Aborting closes the request's connection:
-vLLM aborts a request whose client disconnected and frees its KV blocks. Capacity comes
-from vLLM's Prometheus ``/metrics``, scraped every ``metrics_interval_s``:
+Generation streams ``POST /v1/completions`` (server-sent events) with the request id in the
+``X-Request-Id`` header:
 
-- ``vllm:cache_config_info`` (labels ``block_size``, ``num_gpu_blocks``, ``engine``): the
-  usable blocks are ``num_gpu_blocks - 1``, since vLLM keeps one null block that no request
-  holds and leaves it out of the usage fraction;
+- the prompt is ``prompts.build_prompt``: a summary carries its instruction;
+- ``return_token_ids`` and ``stream_options.include_usage`` are asked for, since one chunk can
+  carry several tokens (``stream_interval``) or none with text (an EOS): each chunk gives its
+  text and then one empty item per further token, and the stream is made up to the server's
+  ``usage.completion_tokens`` (``entrypoints/openai/completion/serving.py`` ~383-470);
+- only ``finish_reason`` "stop" or "length" is a complete output. A request the server ended
+  itself (``/pause``, ``/sleep``, ``/abort_requests``) ends with "abort"
+  (``v1/engine/output_processor.py`` ~636-648): ``EngineAborted``, retriable; "error" and any
+  other end are an ``EngineError``;
+- ``max_model_len`` comes from ``GET /v1/models`` (``entrypoints/openai/models/serving.py``
+  ~64-76). vLLM caps ``max_tokens`` to what the context leaves
+  (``entrypoints/serve/utils/api_utils.py`` ~234), so a prompt (estimated) plus
+  ``max_tokens`` over it is refused here, ``RequestTooLarge``, before sending; so is vLLM's
+  "max_tokens=N cannot be greater than max_model_len=M" (``renderers/params.py`` ~277).
+
+Aborting closes the request's connection: vLLM aborts a request whose client disconnected and
+frees its KV blocks. Extra request fields are allowed by vLLM (``OpenAIBaseModel``,
+``extra="allow"``, ``entrypoints/serve/engine/protocol.py`` ~39), so the ``sluicegate_kind``
+hint for sim-server is harmless there.
+
+The metrics carry the FIRST ``--served-model-name`` as ``model_name``
+(``config/model.py`` ~2323); ``/v1/models`` lists every served name. The engine takes the
+first name of the server it talks to when its configured name is one of them (an alias), and
+``start()`` fails with a clear ``EngineError`` when it is not served there at all.
+
+Capacity comes from vLLM's Prometheus ``/metrics``, scraped every ``metrics_interval_s``:
+
+- ``vllm:cache_config_info`` (labels ``block_size``, ``num_gpu_blocks``, ``engine``): with
+  data parallelism the frontend sums ``num_gpu_blocks`` over its engines
+  (``v1/engine/core_client.py`` ~874-877) and writes that total on every engine's row
+  (``v1/metrics/loggers.py`` ~1133-1136), so each engine has total / engines blocks, less the
+  one null block each keeps out of its usage fraction;
 - ``vllm:kv_cache_usage_perc`` (a fraction, 0..1): used blocks = round(usage x blocks);
 - ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:num_preemptions_total``, for this engine's ``model_name``, summed over engines.
@@ -31,11 +59,14 @@ from schemas.jobs import estimate_tokens
 from workers.engines.base import Capacity, GenerationRequest
 from workers.engines.errors import (
     DuplicateRequest,
+    EngineAborted,
     EngineError,
     EngineNotRunning,
     EngineUnavailable,
     RequestTooLarge,
 )
+from workers.engines.prompts import build_prompt
+from workers.engines.streaming import END, End, Item, Stream, output_pieces, padding
 
 log = logging.getLogger(__name__)
 
@@ -46,32 +77,10 @@ UNKNOWN = Capacity(
 )
 """Capacity before the first scrape (block size: vLLM's default until the server says)."""
 
-_TOO_LONG = re.compile(r"maximum (context|model) length", re.IGNORECASE)
-
-
-class _End:
-    """Marks the end of a stream's items."""
-
-
-_END = _End()
-_Item = str | _End | EngineError
-
-
-class _Stream:
-    """One request in flight: the task reading its response, and what it read."""
-
-    def __init__(self) -> None:
-        self.items: asyncio.Queue[_Item] = asyncio.Queue()
-        self.reader: asyncio.Task[None] | None = None
-        self.stopped = False
-
-    async def stop(self) -> None:
-        """Drop what was read but not taken and close the connection (vLLM then aborts)."""
-        self.stopped = True
-        self.items.put_nowait(_END)
-        if self.reader is not None:
-            self.reader.cancel()
-            await asyncio.wait([self.reader])
+_TOO_LONG = re.compile(
+    r"maximum (context|model) length|cannot be greater than max_model_len", re.IGNORECASE
+)
+COMPLETE = frozenset({"stop", "length"})
 
 
 class VllmHttpEngine:
@@ -100,7 +109,10 @@ class VllmHttpEngine:
         self._poller: asyncio.Task[None] | None = None
         self._capacity = UNKNOWN
         self._ready = asyncio.Event()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
+        self.metrics_model: str | None = None  # the server's first served name, once read
+        self.max_model_len: int | None = None
+        self._misconfigured: EngineError | None = None
 
     async def start(self) -> None:
         """Open the client and start scraping; wait (bounded) for the first scrape. A server
@@ -126,6 +138,28 @@ class VllmHttpEngine:
             raise EngineUnavailable(
                 f"no metrics from {self.base_url} within {timeout_s:g} s"
             ) from None
+        if self._misconfigured is not None:
+            raise self._misconfigured
+
+    async def refresh_models(self) -> None:
+        """Read ``/v1/models``: the name the metrics carry and ``max_model_len``. A model the
+        server does not serve is recorded as a configuration error (``start`` raises it)."""
+        client = self._client
+        if client is None:
+            raise EngineNotRunning("the vLLM HTTP engine is not started (or already closed)")
+        cards = (await client.get("/v1/models")).raise_for_status().json()["data"]
+        names = [str(card["id"]) for card in cards]
+        if self.model not in names:
+            self._misconfigured = EngineError(
+                f"the server at {self.base_url} does not serve {self.model!r}; it serves "
+                f"{', '.join(names)}: set SLUICEGATE_VLLM_MODEL to one of them"
+            )
+            self._ready.set()
+            return
+        self._misconfigured = None
+        self.metrics_model = names[0]  # vLLM labels its metrics with the first served name
+        limit = cards[names.index(self.model)].get("max_model_len")
+        self.max_model_len = int(limit) if limit else None
 
     async def close(self) -> None:
         for request_id in list(self._streams):
@@ -139,6 +173,7 @@ class VllmHttpEngine:
             self._client = None
         self._capacity = UNKNOWN
         self._ready.clear()
+        self.metrics_model = None
 
     def count_tokens(self, text: str) -> int:
         """An estimate (about 4 bytes a token): the tokenizer is on the server, and its
@@ -159,15 +194,18 @@ class VllmHttpEngine:
             raise EngineNotRunning("the vLLM HTTP engine is not started (or already closed)")
         if request.request_id in self._streams:
             raise DuplicateRequest(f"request {request.request_id!r} is already running")
-        stream = _Stream()
+        prompt = build_prompt(request.kind, request.input)
+        self._check_length(prompt, request.max_tokens)
+        stream = Stream()
         self._streams[request.request_id] = stream
         stream.reader = asyncio.create_task(
-            self._read(client, request, stream.items), name=f"vllm-http-{request.request_id}"
+            self._read(client, request, prompt, stream.items),
+            name=f"vllm-http-{request.request_id}",
         )
         try:
             while True:
                 item = await stream.items.get()
-                if stream.stopped or isinstance(item, _End):
+                if stream.stopped or isinstance(item, End):
                     return
                 if isinstance(item, EngineError):
                     raise item
@@ -177,15 +215,32 @@ class VllmHttpEngine:
                 del self._streams[request.request_id]
             await stream.stop()
 
+    def _check_length(self, prompt: str, max_tokens: int) -> None:
+        """vLLM would cap the output silently: refuse what the context cannot hold."""
+        if self.max_model_len is None:
+            return
+        prompt_tokens = self.count_tokens(prompt)
+        if prompt_tokens + max_tokens > self.max_model_len:
+            raise RequestTooLarge(
+                f"about {prompt_tokens} prompt tokens and {max_tokens} output tokens exceed "
+                f"the model's context of {self.max_model_len} tokens"
+            )
+
     async def _read(
-        self, client: httpx.AsyncClient, request: GenerationRequest, items: asyncio.Queue[_Item]
+        self,
+        client: httpx.AsyncClient,
+        request: GenerationRequest,
+        prompt: str,
+        items: asyncio.Queue[Item],
     ) -> None:
         body = {
             "model": self.model,
-            "prompt": request.input,
+            "prompt": prompt,
             "max_tokens": request.max_tokens,
             "stream": True,
-            "sluicegate_kind": request.kind.value,  # sim-server only; vLLM ignores it
+            "return_token_ids": True,
+            "stream_options": {"include_usage": True},
+            "sluicegate_kind": request.kind.value,  # sim-server only; vLLM allows extras
         }
         headers = {REQUEST_ID_HEADER: request.request_id}
         try:
@@ -207,16 +262,21 @@ class VllmHttpEngine:
         timeout = max(1.0, 10 * self.metrics_interval_s)
         while True:
             try:
+                if self.metrics_model is None:
+                    await self.refresh_models()
+                if self.metrics_model is None:
+                    raise ValueError(str(self._misconfigured))
                 response = await client.get("/metrics", timeout=timeout)
                 response.raise_for_status()
-                capacity = capacity_from_metrics(response.text, self.model)
+                capacity = capacity_from_metrics(response.text, self.metrics_model)
                 if capacity is None:
-                    raise ValueError(f"no KV cache metrics for model {self.model!r}")
+                    raise ValueError(f"no KV cache metrics for model {self.metrics_model!r}")
             except Exception as exc:  # whatever went wrong, the capacity is unknown now
                 if not failing:
                     log.warning("scraping %s/metrics failed: %r", self.base_url, exc)
                 failing = True
                 self._capacity = UNKNOWN
+                self.metrics_model = None  # the server may have been replaced: read it again
             else:
                 if failing:
                     log.info("scraping %s/metrics works again", self.base_url)
@@ -226,10 +286,12 @@ class VllmHttpEngine:
             await asyncio.sleep(self.metrics_interval_s)
 
 
-async def _relay(response: httpx.Response, items: asyncio.Queue[_Item]) -> _Item:
-    """Queue the text of each event; returns what ends the stream: the end, or an error
-    (an error event, or a stream cut before any finish_reason)."""
-    finished = False
+async def _relay(response: httpx.Response, items: asyncio.Queue[Item]) -> Item:
+    """Queue one item per generated token; returns what ends the stream: the end (made up
+    to the server's token count), or an error."""
+    finish: str | None = None
+    usage: int | None = None
+    yielded = 0
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue
@@ -241,12 +303,32 @@ async def _relay(response: httpx.Response, items: asyncio.Queue[_Item]) -> _Item
             error = event["error"]
             return _refusal(int(error.get("code") or 500), str(error.get("message")))
         for choice in event.get("choices") or ():
-            if choice.get("text"):
-                items.put_nowait(choice["text"])
-            finished = finished or choice.get("finish_reason") is not None
-    if not finished:
+            text = choice.get("text") or ""
+            token_ids = choice.get("token_ids")
+            count = len(token_ids) if token_ids is not None else int(bool(text))
+            for piece in output_pieces(text, count):
+                items.put_nowait(piece)
+                yielded += 1
+            finish = choice.get("finish_reason") or finish
+        if event.get("usage"):
+            usage = int(event["usage"]["completion_tokens"])
+    return _ending(finish, yielded, usage, items)
+
+
+def _ending(
+    finish: str | None, yielded: int, usage: int | None, items: asyncio.Queue[Item]
+) -> Item:
+    if finish is None:
         return EngineUnavailable("the stream ended before its output did")
-    return _END
+    if finish == "abort":
+        return EngineAborted("the server aborted the request before its output ended")
+    if finish not in COMPLETE:
+        return EngineError(f"the server ended the output with finish_reason {finish!r}")
+    if usage is not None and yielded > usage:
+        log.warning("%d items for the %d tokens the server counted", yielded, usage)
+    for empty in padding(yielded, usage):
+        items.put_nowait(empty)
+    return END
 
 
 def _message(response: httpx.Response) -> str:
@@ -265,9 +347,13 @@ def _refusal(status: int, message: str) -> EngineError:
 
 
 def capacity_from_metrics(text: str, model: str) -> Capacity | None:
-    """The capacity a vLLM ``/metrics`` page reports for ``model``; None when it lacks the
-    cache config or the KV usage of that model."""
-    blocks: dict[str, int] = {}  # usable blocks per engine
+    """The capacity a vLLM ``/metrics`` page reports for ``model`` (the server's first served
+    name); None when it lacks the cache config or the KV usage of that model.
+
+    Every engine's ``cache_config_info`` row carries the blocks of all engines together (the
+    data-parallel total); each engine has an equal share, one of which is its null block.
+    """
+    rows: dict[str, int] = {}  # engine -> num_gpu_blocks on its row (the DP-wide total)
     usage: dict[str, float] = {}
     block_size = running = waiting = preemptions = 0
     for family in text_string_to_metric_families(text):
@@ -277,7 +363,7 @@ def capacity_from_metrics(text: str, model: str) -> Capacity | None:
             if sample.name == "vllm:cache_config_info":
                 gpu_blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
                 if gpu_blocks.isdigit() and size.isdigit():
-                    blocks[engine] = max(int(gpu_blocks) - 1, 0)
+                    rows[engine] = int(gpu_blocks)
                     block_size = int(size)
             elif labels.get("model_name") != model:
                 continue
@@ -289,10 +375,11 @@ def capacity_from_metrics(text: str, model: str) -> Capacity | None:
                 waiting += int(sample.value)
             elif sample.name == "vllm:num_preemptions_total":
                 preemptions += int(sample.value)
-    if not blocks or not usage:
+    if not rows or not usage:
         return None
-    total = sum(blocks.values())
-    used = sum(round(usage.get(engine, 0.0) * count) for engine, count in blocks.items())
+    per_engine = max(max(rows.values()) // len(rows) - 1, 0)  # usable blocks of one engine
+    total = per_engine * len(rows)
+    used = sum(round(usage.get(engine, 0.0) * per_engine) for engine in rows)
     return Capacity(
         total_blocks=total,
         free_blocks=max(total - used, 0),
