@@ -17,11 +17,14 @@ from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
 from workers.engines.errors import (
     DuplicateRequest,
+    EngineAborted,
+    EngineError,
     EngineNotRunning,
     RequestTooLarge,
 )
 from workers.engines.prompts import build_prompt
-from workers.engines.vllm_local import VllmLocalEngine, output_pieces
+from workers.engines.streaming import output_pieces
+from workers.engines.vllm_local import VllmLocalEngine
 from workers.engines.vllm_stats import StatsSink, capacity_from
 
 
@@ -185,18 +188,29 @@ class FakeTokenizer:
         return list(range(len(text.split())))
 
 
-def fake_output(text: str, token_ids: list[int], *, finished: bool) -> SimpleNamespace:
-    return SimpleNamespace(
-        finished=finished, outputs=[SimpleNamespace(text=text, token_ids=token_ids)]
-    )
+def fake_output(
+    text: str, token_ids: list[int], *, finished: bool, finish_reason: str | None = None
+) -> SimpleNamespace:
+    """A DELTA ``RequestOutput``; the final one's ``CompletionOutput`` says why it ended
+    ("length", "stop", or "abort" for one the engine aborted: v1/engine/output_processor.py
+    ~636-648)."""
+    if finished and finish_reason is None:
+        finish_reason = "length"
+    completion = SimpleNamespace(text=text, token_ids=token_ids, finish_reason=finish_reason)
+    return SimpleNamespace(finished=finished, outputs=[completion])
 
 
 class FakeAsyncLLM:
     def __init__(self, args: SimpleNamespace, stat_loggers: list[Any]) -> None:
         self.args = args
-        self.sink = stat_loggers[0](None, 0)
+        engines = getattr(args, "data_parallel_size", 1)
+        # One logger per engine index, as vLLM asks its factory (the frontend's per-engine
+        # loggers); the DP-wide total of blocks on the config (v1/engine/core_client.py ~877).
+        self.sinks = [stat_loggers[0](None, index) for index in range(engines)]
+        self.sink = self.sinks[0]
         self.vllm_config = SimpleNamespace(
-            cache_config=SimpleNamespace(num_gpu_blocks=101, block_size=args.block_size),
+            cache_config=SimpleNamespace(num_gpu_blocks=101 * engines, block_size=args.block_size),
+            parallel_config=SimpleNamespace(data_parallel_size=engines),
             model_config=SimpleNamespace(max_model_len=args.max_model_len),
             scheduler_config=SimpleNamespace(max_num_seqs=args.max_num_seqs),
         )
@@ -242,8 +256,13 @@ class FakeAsyncLLM:
             queue = self.streams.pop(rid, None)
             if queue is not None:
                 self.aborted.append(rid)
-                queue.put_nowait(fake_output("", [], finished=True))
+                queue.put_nowait(fake_output("", [], finished=True, finish_reason="abort"))
         await asyncio.sleep(0)
+
+    def fail(self, request_id: str) -> None:
+        """The engine core failed the request (finish_reason "error")."""
+        queue = self.streams.pop(request_id)
+        queue.put_nowait(fake_output("", [], finished=True, finish_reason="error"))
 
     def shutdown(self) -> None:
         self.shut_down += 1
@@ -386,3 +405,53 @@ async def test_fake_close_aborts_open_streams_and_shuts_down_once(fake_vllm: Non
     assert fake.shut_down == 1
     with pytest.raises(EngineNotRunning):
         await anext(started.generate(fake_request("late")))
+
+
+async def consume_until_it_ends(engine: VllmLocalEngine, request: GenerationRequest) -> list[str]:
+    received: list[str] = []
+    async for piece in engine.generate(request):
+        received.append(piece)
+    return received
+
+
+async def test_fake_an_abort_by_the_engine_itself_is_not_a_success(
+    fake_engine: VllmLocalEngine,
+) -> None:
+    # Someone else aborted it in vLLM (a pause, a sleep, an admin's abort): AsyncLLM.generate
+    # ends the stream without raising, and the output is cut short.
+    request = fake_request("cut", max_tokens=400)
+    task = asyncio.create_task(consume_until_it_ends(fake_engine, request))
+    while "cut" not in llm(fake_engine).streams:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.01)
+    await llm(fake_engine).abort("cut")
+    with pytest.raises(EngineAborted) as caught:
+        await task
+    assert caught.value.retriable
+
+
+async def test_fake_an_error_in_the_engine_is_an_engine_error(
+    fake_engine: VllmLocalEngine,
+) -> None:
+    request = fake_request("broken", max_tokens=400)
+    task = asyncio.create_task(consume_until_it_ends(fake_engine, request))
+    while "broken" not in llm(fake_engine).streams:
+        await asyncio.sleep(0.001)
+    llm(fake_engine).fail("broken")
+    with pytest.raises(EngineError):
+        await task
+
+
+async def test_fake_data_parallel_engines_each_keep_their_blocks(fake_vllm: None) -> None:
+    dp = VllmLocalEngine(model="m", max_model_len=512, engine_kwargs={"data_parallel_size": 2})
+    await dp.start()
+    try:
+        fake = llm(dp)
+        stats = SimpleNamespace(num_running_reqs=1, num_waiting_reqs=0, num_skipped_waiting_reqs=0)
+        fake.sinks[0].record(SimpleNamespace(**vars(stats), kv_cache_usage=0.5), None, None, 0)
+        fake.sinks[1].record(SimpleNamespace(**vars(stats), kv_cache_usage=0.0), None, None, 1)
+        cap = dp.capacity()
+        # 202 blocks in all, 101 an engine, one of each its null block; half of engine 0's used.
+        assert (cap.total_blocks, cap.free_blocks, cap.running) == (200, 150, 2)
+    finally:
+        await dp.close()

@@ -26,20 +26,27 @@ from typing import Any
 from workers.engines.base import Capacity, GenerationRequest
 from workers.engines.errors import (
     DuplicateRequest,
+    EngineAborted,
     EngineError,
     EngineNotRunning,
     RequestTooLarge,
 )
 from workers.engines.prompts import build_prompt
+from workers.engines.streaming import output_pieces
 from workers.engines.vllm_stats import StatsSink
 
 
-def output_pieces(text: str, num_tokens: int) -> list[str]:
-    """One item per generated token from a delta of ``num_tokens`` tokens and ``text``: the
-    text first, then empty strings (detokenized text cannot be split back into tokens)."""
-    if num_tokens <= 0:
-        return [text] if text else []
-    return [text] + [""] * (num_tokens - 1)
+def raise_unless_complete(output: Any, request_id: str) -> None:
+    """A finished output that is not a whole one: vLLM's ``AsyncLLM.generate`` ends the
+    stream without raising when the engine aborted the request (a pause, a sleep, an abort
+    from elsewhere: ``finish_reason`` "abort", v1/engine/output_processor.py ~636-648) or
+    failed it ("error"). Our own aborts never get here: they end the loop first."""
+    for completion in output.outputs:
+        reason = getattr(completion, "finish_reason", None)
+        if reason == "abort":
+            raise EngineAborted(f"vLLM aborted request {request_id!r} before its output ended")
+        if reason not in (None, "stop", "length"):
+            raise EngineError(f"vLLM ended request {request_id!r} with {reason!r}")
 
 
 class VllmLocalEngine:
@@ -97,6 +104,7 @@ class VllmLocalEngine:
         self._block_size = block_size or 16
         self._max_model_len = max_model_len or 0
         self._max_running: int | None = max_num_seqs
+        self._engines = 1  # data-parallel engines, each with its own cache
         self._active: dict[str, object] = {}  # request id -> a token of its stream
 
     async def start(self) -> None:
@@ -120,6 +128,7 @@ class VllmLocalEngine:
         self._block_size = int(config.cache_config.block_size)
         self._max_model_len = int(config.model_config.max_model_len)
         self._max_running = int(config.scheduler_config.max_num_seqs)
+        self._engines = int(config.parallel_config.data_parallel_size)
         self._tokenizer = llm.get_tokenizer()
         self._llm = llm
 
@@ -149,6 +158,7 @@ class VllmLocalEngine:
             num_gpu_blocks=self._num_gpu_blocks,
             block_size=self._block_size,
             max_running=self._max_running,
+            engines=self._engines,
         )
 
     async def abort(self, request_id: str) -> None:
@@ -198,6 +208,8 @@ class VllmLocalEngine:
                         for piece in output_pieces(completion.text, len(completion.token_ids)):
                             yield piece
                     finished = output.finished
+                    if finished:
+                        raise_unless_complete(output, request_id)
             except VLLMError as exc:
                 raise EngineError(f"vLLM failed request {request_id!r}: {exc}") from exc
         finally:

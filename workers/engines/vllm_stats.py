@@ -10,6 +10,7 @@ nothing from vLLM and its accounting is testable on plain objects.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from workers.engines.base import Capacity
@@ -30,23 +31,33 @@ class IterationStatsLike(Protocol):
     num_preempted_reqs: int
 
 
-class StatsSink:
-    """A per-engine stat logger for ``AsyncLLM(stat_loggers=[sink.factory])``.
+@dataclass
+class EngineFigures:
+    """The latest scheduler figures of one engine core."""
 
-    vLLM calls ``record()`` once per engine step that produced outputs or stats, on the event
-    loop's thread (from ``AsyncLLM``'s output handler task), so no locking is needed.
+    kv_cache_usage: float = 0.0
+    running: int = 0
+    waiting: int = 0
+
+
+class StatsSink:
+    """A stat logger for ``AsyncLLM(stat_loggers=[sink.factory])``.
+
+    vLLM calls the factory once per engine index and ``record()`` once per engine step that
+    produced outputs or stats, with that step's ``engine_idx`` (v1/engine/async_llm.py ~931),
+    on the event loop's thread (from ``AsyncLLM``'s output handler task), so no locking is
+    needed. The factory returns this one sink for every index, and the sink keeps each
+    engine's figures apart: with data parallelism each engine core has a cache of its own.
     """
 
     def __init__(self) -> None:
-        self.kv_cache_usage = 0.0
-        self.running = 0
-        self.waiting = 0
-        self.preemptions = 0  # since start
+        self.engines: dict[int, EngineFigures] = {}
+        self.preemptions = 0  # since start, every engine
         self.steps = 0  # scheduler reports seen
 
     def factory(self, vllm_config: Any, engine_index: int = 0) -> StatsSink:
-        """vLLM's per-engine stat logger factory: ``(vllm_config, engine_index) -> logger``.
-        The engine runs one engine core (no data parallelism), so one sink serves it."""
+        """vLLM's per-engine stat logger factory: ``(vllm_config, engine_index) -> logger``."""
+        self.engines.setdefault(engine_index, EngineFigures())
         return self
 
     def record(
@@ -57,14 +68,22 @@ class StatsSink:
         engine_idx: int = 0,
     ) -> None:
         if scheduler_stats is not None:
-            self.kv_cache_usage = scheduler_stats.kv_cache_usage
-            self.running = scheduler_stats.num_running_reqs
-            self.waiting = (
-                scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+            self.engines[engine_idx] = EngineFigures(
+                kv_cache_usage=scheduler_stats.kv_cache_usage,
+                running=scheduler_stats.num_running_reqs,
+                waiting=scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs,
             )
             self.steps += 1
         if iteration_stats is not None:
             self.preemptions += iteration_stats.num_preempted_reqs
+
+    @property
+    def running(self) -> int:
+        return sum(figures.running for figures in self.engines.values())
+
+    @property
+    def waiting(self) -> int:
+        return sum(figures.waiting for figures in self.engines.values())
 
     def log_engine_initialized(self) -> None:
         pass
@@ -76,15 +95,30 @@ class StatsSink:
         pass
 
     def capacity(
-        self, *, num_gpu_blocks: int, block_size: int, max_running: int | None
+        self, *, num_gpu_blocks: int, block_size: int, max_running: int | None, engines: int = 1
     ) -> Capacity:
-        return capacity_from(
-            kv_cache_usage=self.kv_cache_usage,
+        """``num_gpu_blocks`` is vLLM's figure after start-up: with data parallelism the sum
+        over its ``engines`` (v1/engine/core_client.py ~874-877), an equal share each."""
+        per_engine = num_gpu_blocks // max(engines, 1)
+        parts = [
+            capacity_from(
+                kv_cache_usage=self.engines.get(index, EngineFigures()).kv_cache_usage,
+                running=0,
+                waiting=0,
+                preemptions=0,
+                num_gpu_blocks=per_engine,
+                block_size=block_size,
+                max_running=max_running,
+            )
+            for index in range(max(engines, 1))
+        ]
+        return Capacity(
+            total_blocks=sum(part.total_blocks for part in parts),
+            free_blocks=sum(part.free_blocks for part in parts),
+            block_size=block_size,
             running=self.running,
             waiting=self.waiting,
             preemptions=self.preemptions,
-            num_gpu_blocks=num_gpu_blocks,
-            block_size=block_size,
             max_running=max_running,
         )
 
