@@ -87,7 +87,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--host", default="127.0.0.1")
     sim.add_argument("--port", type=int, default=8001)
-    sim.add_argument("--model", default=None, help="served model name (default: vllm_model)")
+    sim.add_argument(
+        "--served-model-name",
+        action="append",
+        dest="served_names",
+        default=None,
+        help="served model name, repeatable: the first names the metrics (default: vllm_model)",
+    )
+    sim.add_argument("--max-model-len", type=int, default=None, help="default: the KV cache")
+    sim.add_argument("--stream-interval", type=int, default=1, help="tokens a chunk (vLLM: 1)")
+    sim.add_argument("--data-parallel-size", type=int, default=1, help="engines behind it")
+    sim.add_argument("--enable-request-id-headers", action="store_true", help="echo X-Request-Id")
 
     llama = sub.add_parser(
         "llama-server",
@@ -149,11 +159,18 @@ def main(argv: list[str] | None = None) -> None:
         settings = settings.model_copy(update={k: v for k, v in overrides.items() if v})
         service.serve_api(settings, processes=args.workers)
     elif command == "sim-server":
-        model = args.model or settings.vllm_model
+        names = args.served_names or [settings.vllm_model]
+        app = sim_server.create_app(
+            build_sim_engine(settings),
+            model=names[0],
+            aliases=names[1:],
+            max_model_len=args.max_model_len,
+            stream_interval=args.stream_interval,
+            enable_request_id_headers=args.enable_request_id_headers,
+            data_parallel=[build_sim_engine(settings) for _ in range(args.data_parallel_size - 1)],
+        )
         run_until_signal(
-            lambda stop: sim_server.serve(
-                build_sim_engine(settings), host=args.host, port=args.port, model=model, stop=stop
-            )
+            lambda stop: sim_server.serve(app, host=args.host, port=args.port, stop=stop)
         )
     elif command == "llama-server":
         _llama_server(settings)

@@ -1,5 +1,7 @@
 """What every engine does for the worker, checked on each: the simulator in-process, and the
-HTTP engine against a real sim-server (uvicorn on a free local port, same process)."""
+HTTP engine against a real sim-server (uvicorn on a free local port, same process) set up as
+a vLLM 0.33 server is: several tokens a chunk (stream_interval 2), usage only when asked, the
+EOS token counted as generated."""
 
 from __future__ import annotations
 
@@ -8,11 +10,18 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest, InferenceEngine
-from workers.engines.errors import DuplicateRequest, EngineNotRunning, RequestTooLarge
+from workers.engines.errors import (
+    DuplicateRequest,
+    EngineAborted,
+    EngineNotRunning,
+    RequestTooLarge,
+)
 from workers.engines.output import simulated_output
 from workers.engines.sim import SimEngine
 from workers.engines.sim_server import create_app, running
@@ -43,7 +52,8 @@ async def make_engine(request: pytest.FixtureRequest) -> AsyncIterator[MakeEngin
             sim = SimEngine(num_blocks=num_blocks, time_scale=time_scale)
             engine: InferenceEngine = sim
             if request.param == "vllm_http":
-                url = await stack.enter_async_context(running(create_app(sim, model=MODEL)))
+                app = create_app(sim, model=MODEL, stream_interval=2)
+                url = await stack.enter_async_context(running(app))
                 engine = VllmHttpEngine(base_url=url, model=MODEL, metrics_interval_s=0.005)
             stack.push_async_callback(engine.close)
             if start:
@@ -51,6 +61,20 @@ async def make_engine(request: pytest.FixtureRequest) -> AsyncIterator[MakeEngin
             return engine
 
         yield make
+
+
+def output_of(engine: InferenceEngine, request: GenerationRequest) -> tuple[str, int]:
+    """What ``engine`` streams for ``request``, as (text, items): the simulated output, one
+    item a token. Behind a vLLM server the text of a chunk of several tokens comes as one
+    item and empty ones, and an output shorter than max_tokens ends with the EOS token
+    (generated and counted by vLLM; its text is empty)."""
+    pieces = simulated_output(request)
+    eos = isinstance(engine, VllmHttpEngine) and len(pieces) < request.max_tokens
+    return "".join(pieces), len(pieces) + int(eos)
+
+
+def streamed(pieces: list[str]) -> tuple[str, int]:
+    return "".join(pieces), len(pieces)
 
 
 def summary(rid: str, max_tokens: int = 200) -> GenerationRequest:
@@ -114,14 +138,16 @@ async def test_streams_the_simulated_output_exactly(
 ) -> None:
     engine = await make_engine()
     pieces = await collect(engine, request_)
-    assert pieces == simulated_output(request_)
+    assert streamed(pieces) == output_of(engine, request_)
+    if isinstance(engine, SimEngine):
+        assert pieces == simulated_output(request_)  # one token's text an item
     assert len(pieces) > 20
 
 
 async def test_max_tokens_is_respected(make_engine: MakeEngine) -> None:
     engine = await make_engine()
     pieces = await collect(engine, summary("short", max_tokens=7))
-    assert pieces == simulated_output(summary("short", max_tokens=7))
+    assert streamed(pieces) == output_of(engine, summary("short", max_tokens=7))
     assert len(pieces) == 7
 
 
@@ -171,7 +197,7 @@ async def test_abort_of_an_unknown_id_changes_nothing(make_engine: MakeEngine) -
     await consumer.reach(1)
     await engine.abort("no-such-request")
     await consumer.task
-    assert consumer.pieces == simulated_output(request)
+    assert streamed(consumer.pieces) == output_of(engine, request)
 
 
 async def test_closing_the_stream_early_frees_the_blocks(make_engine: MakeEngine) -> None:
@@ -201,7 +227,7 @@ async def test_a_running_id_cannot_start_twice(make_engine: MakeEngine) -> None:
     with pytest.raises(DuplicateRequest):
         await collect(engine, request)
     await first.task
-    assert first.pieces == simulated_output(request)
+    assert streamed(first.pieces) == output_of(engine, request)
 
 
 async def test_generate_needs_a_started_engine(make_engine: MakeEngine) -> None:
@@ -235,6 +261,100 @@ async def test_a_tiny_cache_preempts_and_reports_it(make_engine: MakeEngine) -> 
         for i in range(6)
     ]
     outputs = await asyncio.gather(*(collect(engine, r) for r in requests))
-    assert outputs == [simulated_output(r) for r in requests]
+    assert [streamed(o) for o in outputs] == [output_of(engine, r) for r in requests]
     await eventually(lambda: engine.capacity().preemptions > 0)
     await eventually(all_free(engine))
+
+
+# Behind a vLLM server only: what a real one does that the client must not take for success.
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[SimEngine, str]]:
+    sim = SimEngine(num_blocks=BLOCKS, time_scale=SLOW)
+    async with running(create_app(sim, model=MODEL, aliases=["alias"], stream_interval=3)) as url:
+        yield sim, url
+
+
+async def test_http_counts_every_token_of_multi_token_chunks(
+    served: tuple[SimEngine, str],
+) -> None:
+    _, url = served
+    engine = VllmHttpEngine(base_url=url, model=MODEL, metrics_interval_s=0.005)
+    await engine.start()
+    try:
+        request = summary("multi", max_tokens=30)
+        before = await generated_tokens(url)
+        pieces = await collect(engine, request)
+        assert len(pieces) == await generated_tokens(url) - before  # the server's own count
+        assert "".join(pieces) == "".join(simulated_output(request))
+    finally:
+        await engine.close()
+
+
+async def test_http_a_server_side_abort_is_a_retriable_error_not_a_success(
+    served: tuple[SimEngine, str],
+) -> None:
+    _, url = served
+    engine = VllmHttpEngine(base_url=url, model=MODEL, metrics_interval_s=0.005)
+    await engine.start()
+    try:
+        request = summary("paused")
+        consumer = Consumer(engine, request)
+        await consumer.reach(2)
+        async with httpx.AsyncClient(base_url=url) as http:  # as /pause or /sleep would
+            await http.post("/abort_requests", json={"request_ids": ["paused"]})
+        with pytest.raises(EngineAborted) as caught:
+            await consumer.task
+        assert caught.value.retriable
+    finally:
+        await engine.close()
+
+
+async def test_http_over_the_context_is_refused_before_vllm_would_cap_it(
+    served: tuple[SimEngine, str],
+) -> None:
+    _, url = served
+    engine = VllmHttpEngine(base_url=url, model=MODEL, metrics_interval_s=0.005)
+    await engine.start()
+    try:
+        context = BLOCKS * 16  # the server's max_model_len
+        with pytest.raises(RequestTooLarge):
+            await collect(engine, summary("long", max_tokens=context - 10))
+    finally:
+        await engine.close()
+
+
+async def test_http_an_alias_reads_the_capacity_of_the_first_served_name(
+    served: tuple[SimEngine, str],
+) -> None:
+    _, url = served
+    engine = VllmHttpEngine(base_url=url, model="alias", metrics_interval_s=0.005)
+    await engine.start()
+    try:
+        assert engine.capacity().total_blocks == BLOCKS
+    finally:
+        await engine.close()
+
+
+async def test_http_data_parallel_capacity_is_the_sum_of_the_engines() -> None:
+    engines = [SimEngine(num_blocks=BLOCKS, time_scale=FAST) for _ in range(2)]
+    app = create_app(engines[0], model=MODEL, data_parallel=engines[1:])
+    async with running(app) as url:
+        engine = VllmHttpEngine(base_url=url, model=MODEL, metrics_interval_s=0.005)
+        await engine.start()
+        try:
+            cap = engine.capacity()
+            assert (cap.total_blocks, cap.free_blocks) == (2 * BLOCKS, 2 * BLOCKS)
+        finally:
+            await engine.close()
+
+
+async def generated_tokens(url: str) -> float:
+    async with httpx.AsyncClient(base_url=url) as http:
+        text = (await http.get("/metrics")).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:generation_tokens_total":
+                return sample.value
+    return 0.0

@@ -16,7 +16,7 @@ from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
 from workers.engines.output import simulated_output
 from workers.engines.sim import SimEngine
-from workers.engines.sim_server import create_app, running
+from workers.engines.sim_server import EOS_ID, create_app, running
 from workers.tokens import count_tokens
 
 MODEL = "sim-8b"
@@ -97,10 +97,26 @@ async def test_malformed_json_is_a_400(client: httpx.AsyncClient) -> None:
     assert answer.json()["error"]["code"] == 400
 
 
-async def test_a_request_beyond_the_context_is_a_400(client: httpx.AsyncClient) -> None:
-    answer = await client.post("/v1/completions", json=summary(BLOCKS * 16))
+async def test_max_tokens_over_the_context_is_vllms_400(client: httpx.AsyncClient) -> None:
+    answer = await client.post("/v1/completions", json=summary(BLOCKS * 16 + 1))
     assert answer.status_code == 400
-    assert "maximum context length is 1024 tokens" in answer.json()["error"]["message"]
+    assert answer.json()["error"]["message"] == (
+        "max_tokens=1025 cannot be greater than max_model_len=1024. "
+        "Please request fewer output tokens."
+    )
+
+
+async def test_a_prompt_and_output_over_the_context_are_capped_not_refused(
+    client: httpx.AsyncClient,
+) -> None:
+    # vLLM caps max_tokens to what the context leaves (entrypoints/serve/utils/api_utils.py).
+    long_prompt = " ".join(["lock"] * 1000)
+    body = {"prompt": long_prompt, "max_tokens": 500}
+    answer = await client.post("/v1/completions", json=body)
+    assert answer.status_code == 200
+    usage = answer.json()["usage"]
+    assert usage["prompt_tokens"] == count_tokens(long_prompt)
+    assert usage["completion_tokens"] <= BLOCKS * 16 - usage["prompt_tokens"] < 500
 
 
 async def test_a_whole_completion_has_the_text_the_id_and_the_usage(
@@ -134,6 +150,8 @@ async def test_an_output_that_ends_before_max_tokens_stops(client: httpx.AsyncCl
     )
     assert len(expected) < 500
     assert (choice["text"], choice["finish_reason"]) == ("".join(expected), "stop")
+    # The EOS token that ended it counts as generated, as in vLLM; its text is empty.
+    assert answer.json()["usage"]["completion_tokens"] == len(expected) + 1
 
 
 async def test_a_stream_is_one_event_per_token_then_usage_then_done(
@@ -219,25 +237,108 @@ async def test_a_client_disconnect_aborts_the_request(
     assert sim.capacity().running == 0
 
 
-async def test_the_request_id_header_names_the_request_in_the_engine(
+async def test_duplicate_ids_are_accepted_and_a_server_abort_ends_with_abort(
     slow_server: tuple[SimEngine, str],
 ) -> None:
     sim, url = slow_server
-    body = {**summary(200), "stream": True}
+    body = {**summary(200), "stream": True, "stream_options": {"include_usage": True}}
+    headers = {"X-Request-Id": "job-9"}
     async with (
         httpx.AsyncClient(base_url=url) as http,
-        http.stream(
-            "POST", "/v1/completions", json=body, headers={"X-Request-Id": "job-9"}
-        ) as answer,
+        http.stream("POST", "/v1/completions", json=body, headers=headers) as first,
+        http.stream("POST", "/v1/completions", json=body, headers=headers) as second,
     ):
-        lines = answer.aiter_lines()
-        assert json.loads((await anext(lines)).removeprefix("data: "))["id"] == "cmpl-job-9"
-        again = await http.post("/v1/completions", json=body, headers={"X-Request-Id": "job-9"})
-        assert again.status_code == 400
-        assert "already running" in again.json()["error"]["message"]
-        await sim.abort("job-9")  # an abort in the engine: the stream ends with an error
-        rest = [line.removeprefix("data: ") async for line in lines if line]
-    *_, error, done = rest
-    assert json.loads(error)["error"]["code"] == 503
+        assert first.status_code == second.status_code == 200  # vLLM makes ids unique inside
+        assert "x-request-id" not in first.headers  # echoed only behind the flag
+        lines = [first.aiter_lines(), second.aiter_lines()]
+        for stream in lines:
+            assert json.loads((await anext(stream)).removeprefix("data: "))["id"] == "cmpl-job-9"
+        aborted = await http.post("/abort_requests", json={"request_ids": ["job-9"]})
+        assert aborted.status_code == 200
+        for stream in lines:
+            rest = [
+                json.loads(line.removeprefix("data: "))
+                async for line in stream
+                if line and "[DONE]" not in line
+            ]
+            *_, last, usage = rest
+            assert last["choices"][0]["finish_reason"] == "abort"
+            assert usage["usage"]["completion_tokens"] < 200
+    assert sim.capacity().running == 0
+
+
+async def test_the_request_id_header_is_echoed_behind_the_flag(sim: SimEngine) -> None:
+    app = create_app(sim, model=MODEL, enable_request_id_headers=True)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://s"
+    ) as http:
+        answer = await http.post("/v1/completions", json=summary(3), headers={"X-Request-Id": "j1"})
+    assert answer.headers["x-request-id"] == "j1"
+
+
+async def test_stream_interval_and_token_ids_as_vllm_sends_them(sim: SimEngine) -> None:
+    app = create_app(sim, model=MODEL, stream_interval=2)
+    body = {"prompt": PROMPT, "max_tokens": 500, "stream": True, "return_token_ids": True,
+            "stream_interval": 3, "stream_options": {"include_usage": True}}  # fmt: skip
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://s"
+    ) as http:
+        answer = await http.post("/v1/completions", json=body)
+    *chunks, usage, done = events(answer.text)
     assert done == "[DONE]"
-    assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in rest[:-2])
+    chunks, usage = [json.loads(c) for c in chunks], json.loads(usage)
+    choices = [chunk["choices"][0] for chunk in chunks]
+    counts = [len(choice["token_ids"]) for choice in choices]
+    # The first token alone, then every max(3, 2) tokens, the rest with the finish.
+    assert counts[0] == 1
+    assert set(counts[1:-1]) == {3}
+    assert 1 <= counts[-1] <= 3
+    assert choices[-1]["finish_reason"] == "stop"
+    assert choices[-1]["token_ids"][-1] == EOS_ID  # the EOS that ended it, with no text
+    expected = simulated_output(
+        GenerationRequest(request_id="x", kind=JobKind.COMPLETE, input=PROMPT, max_tokens=500)
+    )
+    assert "".join(choice["text"] for choice in choices) == "".join(expected)
+    assert sum(counts) == usage["usage"]["completion_tokens"] == len(expected) + 1
+
+
+async def test_aliases_and_data_parallel_engines_as_vllm_reports_them() -> None:
+    engines = [SimEngine(num_blocks=BLOCKS, time_scale=0.0) for _ in range(2)]
+    app = create_app(engines[0], model=MODEL, aliases=["alias"], data_parallel=engines[1:])
+    async with running(app) as url, httpx.AsyncClient(base_url=url) as http:
+        names = [card["id"] for card in (await http.get("/v1/models")).json()["data"]]
+        assert names == [MODEL, "alias"]
+        done = await http.post("/v1/completions", json={**summary(5), "model": "alias"})
+        assert done.status_code == 200
+        text = (await http.get("/metrics")).text
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    rows = [s.labels for s in samples if s.name == "vllm:cache_config_info"]
+    # The DP-wide total on every engine's row, as vLLM's frontend writes it.
+    assert sorted(r["engine"] for r in rows) == ["0", "1"]
+    assert {r["num_gpu_blocks"] for r in rows} == {str(2 * (BLOCKS + 1))}
+    usage = {s.labels["engine"] for s in samples if s.name == "vllm:kv_cache_usage_perc"}
+    assert usage == {"0", "1"}
+    assert all(s.labels["model_name"] == MODEL for s in samples if "model_name" in s.labels)
+
+
+async def test_request_counters_and_histograms_fill_vllms_dashboard(
+    client: httpx.AsyncClient,
+) -> None:
+    await client.post("/v1/completions", json=summary(9))
+    text = (await client.get("/metrics")).text
+    samples = {
+        (s.name, s.labels.get("finished_reason"), s.labels.get("le")): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert samples[("vllm:generation_tokens_total", None, None)] == 9
+    assert samples[("vllm:prompt_tokens_total", None, None)] == count_tokens(DOC)
+    assert samples[("vllm:request_success_total", "length", None)] == 1
+    for name in (
+        "vllm:e2e_request_latency_seconds",
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+    ):
+        assert samples[(f"{name}_count", None, None)] >= 1
+    assert samples[("vllm:inter_token_latency_seconds_count", None, None)] == 8
+    assert ("vllm:e2e_request_latency_seconds_bucket", None, "7680.0") in samples

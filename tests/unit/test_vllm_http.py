@@ -7,13 +7,14 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
-from workers.engines.errors import EngineError, EngineUnavailable
+from workers.engines.errors import EngineAborted, EngineError, EngineUnavailable
 from workers.engines.sim import SimEngine
 from workers.engines.sim_server import create_app, running
 from workers.engines.vllm_http import UNKNOWN, VllmHttpEngine, capacity_from_metrics
@@ -139,11 +140,12 @@ async def served() -> AsyncIterator[tuple[SimEngine, VllmHttpEngine]]:
 async def test_an_abort_in_the_server_fails_the_stream(
     served: tuple[SimEngine, VllmHttpEngine],
 ) -> None:
-    sim, engine = served
+    _, engine = served
     stream = engine.generate(REQUEST)
     await anext(stream)
-    await sim.abort(REQUEST.request_id)  # the server cut it: not a complete output
-    with pytest.raises(EngineUnavailable):
+    async with httpx.AsyncClient(base_url=engine.base_url) as http:  # the server cuts it
+        await http.post("/abort_requests", json={"request_ids": [REQUEST.request_id]})
+    with pytest.raises(EngineAborted):  # not a complete output
         async for _ in stream:
             pass
 

@@ -1,32 +1,42 @@
 """``sluicegate sim-server``: the simulator engine behind an OpenAI-compatible HTTP server
-shaped like ``vllm serve``, so the worker's ``vllm_http`` engine can be tried without a GPU.
-
-What it serves, as vLLM does:
+that answers as ``vllm serve`` 0.33 does (paths below are inside vLLM's ``vllm/`` package), so
+the worker's ``vllm_http`` engine can be tried, and tested, without a GPU.
 
 - ``POST /v1/completions``: ``model``, ``prompt`` (a string), ``max_tokens`` (default 16),
-  ``stream``, ``stream_options.include_usage``. Streaming answers are server-sent events,
-  ``data: {json}`` per decoded token with ``choices[0].text`` and, on the last token,
-  ``finish_reason`` (``length`` when ``max_tokens`` cut the output, else ``stop``), then a
-  usage chunk when asked for, then ``data: [DONE]``. The ``X-Request-Id`` header names the
-  request in the engine (vLLM takes it the same way; the answer's id is ``cmpl-<id>``).
-  A client that disconnects aborts its request and frees its KV blocks, as in vLLM.
-  Extension: ``sluicegate_kind`` (``complete``, the default, or ``summarize``) picks the
-  simulated output (a summary is an extract of the document inside the prompt); a real vLLM
-  allows and ignores the field.
-- ``GET /metrics``: vLLM's names and labels (``model_name``, ``engine``):
-  ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
-  (a fraction, 0..1), the counter ``vllm:num_preemptions`` (``vllm:num_preemptions_total``
-  in the text), and ``vllm:cache_config_info`` (a gauge of 1 whose labels are the cache
-  config: ``block_size``, ``num_gpu_blocks``, ...). vLLM counts in ``num_gpu_blocks`` one
-  null block that no request ever holds and leaves it out of the usage fraction; the server
-  does the same, so a client derives the same usable blocks from either.
-- ``GET /health``, ``GET /v1/models``, ``POST /tokenize``.
+  ``stream``, ``stream_options.include_usage`` (off unless asked:
+  ``entrypoints/generate/base/protocol.py`` ~293), ``stream_interval``, ``return_token_ids``.
+  Unknown fields are allowed, as vLLM allows them (``entrypoints/serve/engine/protocol.py``
+  ~39). Streaming answers are server-sent events: the first token alone, then a chunk every
+  ``stream_interval`` tokens (the larger of the request's and the server's, default 1:
+  ``v1/engine/output_processor.py`` ~300-302 and ~379-400), each with its ``token_ids`` when
+  asked; an output that ends by itself ends with the EOS token, whose text is empty; then a
+  usage chunk when asked for, then ``data: [DONE]``.
+- Sizes: ``max_tokens`` over ``max_model_len`` is a 400 with vLLM's message
+  (``renderers/params.py`` ~277); a prompt plus ``max_tokens`` over the context is not an
+  error: ``max_tokens`` is capped to what the context leaves
+  (``entrypoints/serve/utils/api_utils.py`` ~234); a prompt larger than the context is a 400.
+- Request ids: the ``X-Request-Id`` header names the request; duplicates are accepted (vLLM
+  makes internal ids unique: ``v1/engine/async_llm.py`` ~630); the answer's id is
+  ``cmpl-<id>``. The header is echoed only with ``enable_request_id_headers``
+  (``entrypoints/serve/middleware/register.py`` ~38).
+- A client that disconnects aborts its request and frees its KV blocks. ``POST
+  /abort_requests`` (``{"request_ids": [...]}``, empty for all;
+  ``entrypoints/rl/online/api_router.py`` ~97) aborts in the server: the stream ends with a
+  chunk whose ``finish_reason`` is "abort", then ``[DONE]``
+  (``v1/engine/output_processor.py`` ~636-648), as ``/pause`` and ``/sleep`` end requests.
+- Models: the served names (the first is the metrics' ``model_name``:
+  ``config/model.py`` ~2323), each a card in ``GET /v1/models`` with ``max_model_len``.
+- Data parallelism: ``data_parallel_size`` engines of the same size, a request going to the
+  one with the most free blocks; metrics per engine (``sim_metrics``).
+- ``GET /metrics``, ``GET /health``, ``POST /tokenize``.
+
+Extension: ``sluicegate_kind`` (``complete``, the default, or ``summarize``) picks the
+simulated output (a summary is an extract of the document inside the prompt); a real vLLM
+allows and ignores the field.
 
 Errors are OpenAI-style ``{"error": {"message", "type", "param", "code"}}``: 400 for bad
-input and for a prompt plus ``max_tokens`` beyond the context (the whole KV cache here),
-404 for an unknown model. An error after the stream began (the engine aborted the request,
-or the server is shutting down) is sent as a ``data: {"error": ...}`` event before
-``[DONE]``, as vLLM does.
+input, 404 for an unknown model. An error after the stream began is sent as a
+``data: {"error": ...}`` event before ``[DONE]``, as vLLM does.
 """
 
 from __future__ import annotations
@@ -38,8 +48,9 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, cast
 
@@ -48,16 +59,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
-from workers.engines.errors import EngineError, EngineNotRunning
+from workers.engines.errors import EngineError
 from workers.engines.output import simulated_output
 from workers.engines.prompts import document_of
 from workers.engines.sim import SimEngine
+from workers.engines.sim_metrics import EngineGauges, RequestMetrics
 from workers.tokens import count_tokens, tokenize
 
 log = logging.getLogger(__name__)
@@ -67,24 +77,43 @@ GRACEFUL_SHUTDOWN_S = 10
 """On shutdown, streams still open after this long are cut (their requests aborted)."""
 STARTUP_S = 30.0
 _VOCAB = 128_256  # token ids /tokenize reports are made-up hashes below this
+EOS_ID = 128_009  # the id of the token that ends an output by itself (Llama 3's <|eot_id|>)
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = True
+    include_usage: bool | None = False
 
 
 class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # as vLLM's OpenAIBaseModel
+
     model: str | None = None
     prompt: str
     max_tokens: int = Field(default=16, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    stream_interval: int | None = Field(default=None, ge=1)
+    return_token_ids: bool = False
     sluicegate_kind: JobKind = JobKind.COMPLETE
 
 
 class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str
+
+
+class AbortRequest(BaseModel):
+    request_ids: list[str] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    """How the server answers, as ``vllm serve``'s flags say."""
+
+    served_model_names: tuple[str, ...]
+    max_model_len: int | None = None  # None: one engine's whole KV cache in tokens
+    stream_interval: int = 1
+    enable_request_id_headers: bool = False
 
 
 def error_response(status: HTTPStatus, message: str, kind: str | None = None) -> JSONResponse:
@@ -105,76 +134,98 @@ def _sse(payload: object) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
-class _VllmMetrics(Collector):
-    """vLLM's scheduler and cache metrics, read from the engine at each scrape."""
-
-    def __init__(self, engine: SimEngine, model: str) -> None:
-        self._engine = engine
-        self._labels = {"model_name": model, "engine": "0"}
-        self._created = time.time()
-
-    def collect(self) -> Iterator[Metric]:
-        cap = self._engine.capacity()
-        names, values = list(self._labels), list(self._labels.values())
-        for name, doc, value in (
-            (
-                "vllm:num_requests_running",
-                "Number of requests in model execution batches.",
-                cap.running,
-            ),
-            (
-                "vllm:num_requests_waiting",
-                "Number of requests waiting to be processed.",
-                cap.waiting,
-            ),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", cap.usage),
-        ):
-            gauge = GaugeMetricFamily(name, doc, labels=names)
-            gauge.add_metric(values, value)
-            yield gauge
-        preemptions = CounterMetricFamily(
-            "vllm:num_preemptions",
-            "Cumulative number of preemption from the engine.",
-            labels=names,
-        )
-        preemptions.add_metric(values, cap.preemptions, created=self._created)
-        yield preemptions
-        config = {
-            "block_size": str(cap.block_size),
-            "cache_dtype": "auto",
-            "enable_prefix_caching": "False",
-            "engine": "0",
-            "num_cpu_blocks": "None",
-            "num_gpu_blocks": str(cap.total_blocks + 1),  # + vLLM's null block
-            "num_gpu_blocks_override": "None",
-        }
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            labels=list(config),
-        )
-        info.add_metric(list(config.values()), 1.0)
-        yield info
+def _token_id(piece: str) -> int:
+    return zlib.crc32(piece.encode()) % _VOCAB
 
 
-def create_app(engine: SimEngine, *, model: str, max_model_len: int | None = None) -> FastAPI:
-    """The server app; its lifespan starts and closes ``engine``. ``max_model_len``
-    defaults to the whole KV cache in tokens."""
-    context = max_model_len or engine.capacity().total_blocks * engine.block_size
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_VllmMetrics(engine, model))
-    active: set[str] = set()  # request ids streaming or decoding now
+class Server:
+    """The engines, the requests in flight, and what the endpoints share."""
+
+    def __init__(self, engines: Sequence[SimEngine], config: ServerConfig) -> None:
+        self.engines = engines
+        self.config = config
+        self.model = config.served_model_names[0]
+        first = engines[0]
+        self.context = config.max_model_len or first.capacity().total_blocks * first.block_size
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(EngineGauges(engines, self.model))
+        self.metrics = RequestMetrics(self.registry)
+        self.requests: dict[str, set[_Completion]] = {}  # external id -> in flight
+
+    def engine_for(self) -> tuple[int, SimEngine]:
+        """The engine with the most free blocks (vLLM's DP load balancing, simplified)."""
+        index = max(range(len(self.engines)), key=lambda i: self.engines[i].capacity().free_blocks)
+        return index, self.engines[index]
+
+    async def abort(self, request_ids: list[str] | None) -> None:
+        """Abort in the server, as /abort_requests, /pause and /sleep do."""
+        for external in request_ids if request_ids else list(self.requests):
+            for completion in list(self.requests.get(external, ())):
+                await completion.abort()
+
+    def refusal(self, body: CompletionRequest, prompt_tokens: int) -> JSONResponse | None:
+        if body.model is not None and body.model not in self.config.served_model_names:
+            return unknown_model(body.model)
+        if body.max_tokens > self.context:
+            return error_response(
+                HTTPStatus.BAD_REQUEST,
+                f"max_tokens={body.max_tokens} cannot be greater than "
+                f"max_model_len={self.context}. Please request fewer output tokens.",
+                "BadRequestError",
+            )
+        if prompt_tokens >= self.context:
+            return error_response(
+                HTTPStatus.BAD_REQUEST,
+                f"This model's maximum context length is {self.context} tokens. However, your "
+                f"request has {prompt_tokens} input tokens. Please reduce the length of the "
+                "input messages.",
+                "BadRequestError",
+            )
+        return None
+
+
+def unknown_model(name: str) -> JSONResponse:
+    return error_response(
+        HTTPStatus.NOT_FOUND, f"The model `{name}` does not exist.", "NotFoundError"
+    )
+
+
+def create_app(
+    engine: SimEngine,
+    *,
+    model: str,
+    max_model_len: int | None = None,
+    aliases: Sequence[str] = (),
+    stream_interval: int = 1,
+    enable_request_id_headers: bool = False,
+    data_parallel: Sequence[SimEngine] = (),
+) -> FastAPI:
+    """The server app; its lifespan starts and closes the engines. ``model`` is the first
+    served name, ``aliases`` the others; ``data_parallel`` are engines 1.. beside
+    ``engine``."""
+    config = ServerConfig(
+        served_model_names=(model, *aliases),
+        max_model_len=max_model_len,
+        stream_interval=stream_interval,
+        enable_request_id_headers=enable_request_id_headers,
+    )
+    server = Server([engine, *data_parallel], config)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await engine.start()
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            for each in server.engines:
+                await each.start()
+                stack.push_async_callback(each.close)
             yield
-        finally:
-            await engine.close()
 
     app = FastAPI(title="sluicegate sim-server", lifespan=lifespan)
+    app.state.server = server
+    _routes(app, server)
+    return app
 
+
+def _routes(app: FastAPI, server: Server) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         # vLLM turns FastAPI's 422 into a 400 too.
@@ -190,102 +241,114 @@ def create_app(engine: SimEngine, *, model: str, max_model_len: int | None = Non
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(server.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {
-            "id": model,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "vllm",
-            "root": model,
-            "parent": None,
-            "max_model_len": context,
-            "permission": [],
-        }
-        return {"object": "list", "data": [card]}
+        cards: list[dict[str, Any]] = [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "vllm",
+                "root": server.model,
+                "parent": None,
+                "max_model_len": server.context,
+                "permission": [],
+            }
+            for name in server.config.served_model_names
+        ]
+        return {"object": "list", "data": cards}
 
     @app.post("/tokenize", response_model=None)
     async def tokenize_prompt(body: TokenizeRequest) -> dict[str, Any] | JSONResponse:
-        if body.model is not None and body.model != model:
-            return _unknown_model(body.model)
-        ids = [zlib.crc32(piece.encode()) % _VOCAB for piece in tokenize(body.prompt)]
-        return {"count": len(ids), "max_model_len": context, "tokens": ids}
+        if body.model is not None and body.model not in server.config.served_model_names:
+            return unknown_model(body.model)
+        ids = [_token_id(piece) for piece in tokenize(body.prompt)]
+        return {"count": len(ids), "max_model_len": server.context, "tokens": ids}
+
+    @app.post("/abort_requests")
+    async def abort_requests(body: AbortRequest) -> dict[str, str]:
+        await server.abort(body.request_ids)
+        return {"status": "ok"}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, raw: Request) -> Response:
-        if body.model is not None and body.model != model:
-            return _unknown_model(body.model)
-        request_id = raw.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         prompt_tokens = max(1, count_tokens(body.prompt))
-        if prompt_tokens + body.max_tokens > context:
-            return error_response(
-                HTTPStatus.BAD_REQUEST,
-                f"This model's maximum context length is {context} tokens. However, you "
-                f"requested {prompt_tokens + body.max_tokens} tokens ({prompt_tokens} in the "
-                f"prompt, {body.max_tokens} in the completion).",
-                "BadRequestError",
-            )
-        if request_id in active:
-            return error_response(
-                HTTPStatus.BAD_REQUEST,
-                f"Request id {request_id} already running.",
-                "BadRequestError",
-            )
+        if (refused := server.refusal(body, prompt_tokens)) is not None:
+            return refused
+        external = raw.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        index, engine = server.engine_for()
         request = GenerationRequest(
-            request_id=request_id,
+            request_id=f"{external}-{uuid.uuid4().hex[:8]}",  # unique inside, as vLLM's
             kind=body.sluicegate_kind,
             input=document_of(body.prompt)
             if body.sluicegate_kind is JobKind.SUMMARIZE
             else body.prompt,
-            max_tokens=body.max_tokens,
+            max_tokens=min(body.max_tokens, server.context - prompt_tokens),  # vLLM caps
         )
-        completion = _Completion(engine, request, model=model, prompt_tokens=prompt_tokens)
-        headers = {REQUEST_ID_HEADER: request_id}
+        completion = _Completion(
+            server, engine, request, external=external, engine_index=index, body=body,
+            prompt_tokens=prompt_tokens,
+        )  # fmt: skip
+        headers = {REQUEST_ID_HEADER: external} if server.config.enable_request_id_headers else {}
         if body.stream:
-            usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(
-                completion.events(active, usage=usage),
-                media_type="text/event-stream",
-                headers=headers,
+                completion.events(), media_type="text/event-stream", headers=headers
             )
-        return await completion.whole(active, raw, headers)
-
-    def _unknown_model(name: str) -> JSONResponse:
-        return error_response(
-            HTTPStatus.NOT_FOUND, f"The model `{name}` does not exist.", "NotFoundError"
-        )
-
-    return app
+        return await completion.whole(raw, headers)
 
 
 class _Completion:
-    """One /v1/completions request on the engine."""
+    """One /v1/completions request on an engine."""
 
     def __init__(
-        self, engine: SimEngine, request: GenerationRequest, *, model: str, prompt_tokens: int
+        self,
+        server: Server,
+        engine: SimEngine,
+        request: GenerationRequest,
+        *,
+        external: str,
+        engine_index: int,
+        body: CompletionRequest,
+        prompt_tokens: int,
     ) -> None:
+        self.server = server
         self.engine = engine
         self.request = request
+        self.external = external
+        self.labels = (server.model, str(engine_index))
         self.prompt_tokens = prompt_tokens
+        self.interval = max(body.stream_interval or 1, server.config.stream_interval)
+        self.token_ids = body.return_token_ids
+        self.usage_asked = body.stream_options is not None and bool(
+            body.stream_options.include_usage
+        )
         self.expected = len(simulated_output(request))
-        self.finish_reason = "length" if self.expected >= request.max_tokens else "stop"
+        # An output shorter than max_tokens ends with the EOS token, whose text is empty.
+        self.eos = self.expected < request.max_tokens
+        self.arrived = time.monotonic()
+        self.token_times: list[float] = []
         self.head = {
-            "id": f"cmpl-{request.request_id}",
+            "id": f"cmpl-{external}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": model,
+            "model": server.model,
         }
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        choice = {
+    async def abort(self) -> None:
+        await self.engine.abort(self.request.request_id)
+
+    def chunk(self, pieces: list[str], finish_reason: str | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {
             "index": 0,
-            "text": text,
+            "text": "".join(pieces),
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
         }
+        if self.token_ids:
+            choice["token_ids"] = [_token_id(piece) if piece else EOS_ID for piece in pieces]
         return {**self.head, "choices": [choice]}
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
@@ -295,32 +358,58 @@ class _Completion:
             "completion_tokens": completion_tokens,
         }
 
-    async def events(self, active: set[str], *, usage: bool) -> AsyncIterator[str]:
+    def _finish(self, generated: int) -> str:
+        """Why the output ended (fewer tokens than it would have: aborted in the engine, by
+        /abort_requests or otherwise); records vLLM's per-request metrics."""
+        reason = "abort" if generated < self.expected else "stop" if self.eos else "length"
+        self.server.metrics.finished(
+            self.labels,
+            prompt_tokens=self.prompt_tokens,
+            generated=generated,
+            token_times=self.token_times,
+            arrived=self.arrived,
+            reason=reason,
+        )
+        return reason
+
+    async def events(self) -> AsyncIterator[str]:
         """The SSE stream. Starlette cancels it when the client disconnects; closing the
         engine's stream then aborts the request there and frees its blocks."""
-        active.add(self.request.request_id)
-        sent = 0
+        in_flight = self.server.requests.setdefault(self.external, set())
+        in_flight.add(self)
+        held: list[str] = []  # decoded, not sent yet
+        pending: list[str] = []  # a chunk ready, sent once it is known not to be the last
+        count = 0
         try:
             async with contextlib.aclosing(self._pieces()) as pieces:
                 async for piece in pieces:
-                    sent += 1
-                    last = sent == self.expected
-                    yield _sse(self.chunk(piece, self.finish_reason if last else None))
-            if sent < self.expected:
-                raise EngineNotRunning("the request was aborted in the engine")
-            if self.expected == 0:
-                yield _sse(self.chunk("", "stop"))
-            if usage:
-                yield _sse({**self.head, "choices": [], "usage": self.usage(sent)})
+                    count += 1
+                    held.append(piece)
+                    if count == 1 or len(held) >= self.interval:
+                        if pending:
+                            yield _sse(self.chunk(pending, None))
+                        pending, held = held, []
+            if self.eos and count == self.expected:
+                held.append("")  # the EOS token ends the output; it has no text
+                count += 1
+            reason = self._finish(count)
+            if held or reason == "abort":  # vLLM's abort output carries no new token
+                if pending:
+                    yield _sse(self.chunk(pending, None))
+                pending = held
+            yield _sse(self.chunk(pending, reason))
+            if self.usage_asked:
+                yield _sse({**self.head, "choices": [], "usage": self.usage(count)})
         except EngineError as exc:
             yield _sse(_error_body(_status(exc), str(exc)))
         finally:
-            active.discard(self.request.request_id)
+            in_flight.discard(self)
+            if not in_flight:
+                self.server.requests.pop(self.external, None)
         yield "data: [DONE]\n\n"
 
-    async def whole(self, active: set[str], raw: Request, headers: dict[str, str]) -> Response:
+    async def whole(self, raw: Request, headers: dict[str, str]) -> Response:
         """The non-streaming answer; a client that disconnects first aborts the request."""
-        active.add(self.request.request_id)
         collect = asyncio.ensure_future(self._collect())
         gone = asyncio.ensure_future(_disconnected(raw))
         try:
@@ -329,24 +418,25 @@ class _Completion:
             gone.cancel()
             collect.cancel()  # no-op when done; else the generator closes: an abort
             await asyncio.wait([collect])
-            active.discard(self.request.request_id)
         if collect.cancelled():
             return Response(status_code=499)  # nobody is listening
         try:
             pieces = collect.result()
         except EngineError as exc:
             return error_response(_status(exc), str(exc))
-        if len(pieces) < self.expected:
-            return error_response(
-                HTTPStatus.SERVICE_UNAVAILABLE, "the request was aborted in the engine"
-            )
-        choice = self.chunk("".join(pieces), self.finish_reason)["choices"]
+        pieces += [""] if self.eos and len(pieces) == self.expected else []
+        reason = self._finish(len(pieces))
+        choice = self.chunk(pieces, reason)["choices"]
         body = {**self.head, "choices": choice, "usage": self.usage(len(pieces))}
         return JSONResponse(body, headers=headers)
 
-    def _pieces(self) -> AsyncGenerator[str, None]:
+    async def _pieces(self) -> AsyncGenerator[str, None]:
         # SimEngine.generate is an async generator: closing it aborts the request.
-        return cast(AsyncGenerator[str, None], self.engine.generate(self.request))
+        source = cast(AsyncGenerator[str, None], self.engine.generate(self.request))
+        async with contextlib.aclosing(source) as pieces:
+            async for piece in pieces:
+                self.token_times.append(time.monotonic())
+                yield piece
 
     async def _collect(self) -> list[str]:
         async with contextlib.aclosing(self._pieces()) as pieces:
@@ -392,17 +482,17 @@ async def running(app: FastAPI, *, host: str = "127.0.0.1", port: int = 0) -> As
         await task
 
 
-async def serve(
-    engine: SimEngine, *, host: str, port: int, model: str, stop: asyncio.Event
-) -> None:
-    """Run the sim-server until ``stop`` is set (SIGTERM or SIGINT under
+async def serve(app: FastAPI, *, host: str, port: int, stop: asyncio.Event) -> None:
+    """Run a sim-server app until ``stop`` is set (SIGTERM or SIGINT under
     ``run_until_signal``)."""
-    async with running(create_app(engine, model=model), host=host, port=port) as url:
-        cap = engine.capacity()
+    server: Server = app.state.server
+    async with running(app, host=host, port=port) as url:
+        cap = server.engines[0].capacity()
         log.info(
-            "sim-server: %s at %s, %d KV blocks of %d tokens",
-            model,
+            "sim-server: %s at %s, %d engine(s) of %d KV blocks of %d tokens",
+            ", ".join(server.config.served_model_names),
             url,
+            len(server.engines),
             cap.total_blocks,
             cap.block_size,
         )
