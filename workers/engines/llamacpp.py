@@ -26,9 +26,10 @@ the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import httpx
@@ -37,14 +38,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from schemas.jobs import estimate_tokens
 from workers.engines.base import Capacity, GenerationRequest
 from workers.engines.errors import (
-    DuplicateRequest,
     EngineError,
     EngineNotRunning,
     EngineUnavailable,
     RequestTooLarge,
 )
 from workers.engines.prompts import chat_messages
-from workers.engines.streaming import END, End, Item, Stream, padding
+from workers.engines.streaming import END, InFlight, Item, padding
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class LlamaCppEngine:
         self._slots = 0
         self._slot_context = 0
         self._capacity = UNKNOWN
-        self._streams: dict[str, Stream] = {}
+        self._in_flight = InFlight()
 
     async def start(self) -> None:
         """Wait (up to ``ready_timeout_s``) for the server, read its slots, start polling."""
@@ -118,8 +118,7 @@ class LlamaCppEngine:
             await asyncio.sleep(0.1)
 
     async def close(self) -> None:
-        for request_id in list(self._streams):
-            await self.abort(request_id)
+        await self._in_flight.abort_all()
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.wait([self._poller])
@@ -136,33 +135,19 @@ class LlamaCppEngine:
         return self._capacity
 
     async def abort(self, request_id: str) -> None:
-        stream = self._streams.pop(request_id, None)
-        if stream is not None:
-            await stream.stop()
+        await self._in_flight.abort(request_id)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
         client = self._client
         if client is None:
             raise EngineNotRunning("the llama.cpp engine is not started (or already closed)")
-        if request.request_id in self._streams:
-            raise DuplicateRequest(f"request {request.request_id!r} is already running")
-        stream = Stream()
-        self._streams[request.request_id] = stream
-        stream.reader = asyncio.create_task(
-            self._read(client, request, stream.items), name=f"llamacpp-{request.request_id}"
-        )
-        try:
-            while True:
-                item = await stream.items.get()
-                if stream.stopped or isinstance(item, End):
-                    return
-                if isinstance(item, EngineError):
-                    raise item
+
+        def reader(items: asyncio.Queue[Item]) -> Coroutine[Any, Any, None]:
+            return self._read(client, request, items)
+
+        async with contextlib.aclosing(self._in_flight.items(request.request_id, reader)) as items:
+            async for item in items:
                 yield item
-        finally:
-            if self._streams.get(request.request_id) is stream:
-                del self._streams[request.request_id]
-            await stream.stop()
 
     async def _read(
         self, client: httpx.AsyncClient, request: GenerationRequest, items: asyncio.Queue[Item]

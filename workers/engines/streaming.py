@@ -9,8 +9,12 @@ holds at most one item per generated token, so ``max_tokens`` bounds it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import Any
 
-from workers.engines.errors import EngineError
+from workers.engines.errors import DuplicateRequest, EngineError
+
+Reader = Callable[[asyncio.Queue["Item"]], Coroutine[Any, Any, None]]
 
 
 class End:
@@ -36,6 +40,43 @@ class Stream:
         if self.reader is not None:
             self.reader.cancel()
             await asyncio.wait([self.reader])
+
+
+class InFlight:
+    """An HTTP engine's requests in flight, by request id."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, Stream] = {}
+
+    async def items(self, request_id: str, reader: Reader) -> AsyncGenerator[str, None]:
+        """Run ``reader`` as the request's reader task and yield what it reads, until its
+        end, its error (raised), or an abort. Closing this stream aborts the request."""
+        if request_id in self._streams:
+            raise DuplicateRequest(f"request {request_id!r} is already running")
+        stream = Stream()
+        self._streams[request_id] = stream
+        stream.reader = asyncio.create_task(reader(stream.items), name=f"engine-{request_id}")
+        try:
+            while True:
+                item = await stream.items.get()
+                if stream.stopped or isinstance(item, End):
+                    return
+                if isinstance(item, EngineError):
+                    raise item
+                yield item
+        finally:
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
+            await stream.stop()
+
+    async def abort(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            await stream.stop()
+
+    async def abort_all(self) -> None:
+        for request_id in list(self._streams):
+            await self.abort(request_id)
 
 
 def padding(yielded: int, server_count: int | None) -> list[str]:

@@ -47,10 +47,12 @@ so a KV-gated worker starts nothing blindly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -58,7 +60,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from schemas.jobs import estimate_tokens
 from workers.engines.base import Capacity, GenerationRequest
 from workers.engines.errors import (
-    DuplicateRequest,
     EngineAborted,
     EngineError,
     EngineNotRunning,
@@ -66,7 +67,7 @@ from workers.engines.errors import (
     RequestTooLarge,
 )
 from workers.engines.prompts import build_prompt
-from workers.engines.streaming import END, End, Item, Stream, output_pieces, padding
+from workers.engines.streaming import END, InFlight, Item, output_pieces, padding
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class VllmHttpEngine:
         self._poller: asyncio.Task[None] | None = None
         self._capacity = UNKNOWN
         self._ready = asyncio.Event()
-        self._streams: dict[str, Stream] = {}
+        self._in_flight = InFlight()
         self.metrics_model: str | None = None  # the server's first served name, once read
         self.max_model_len: int | None = None
         self._misconfigured: EngineError | None = None
@@ -162,8 +163,7 @@ class VllmHttpEngine:
         self.max_model_len = int(limit) if limit else None
 
     async def close(self) -> None:
-        for request_id in list(self._streams):
-            await self.abort(request_id)
+        await self._in_flight.abort_all()
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.wait([self._poller])
@@ -184,36 +184,21 @@ class VllmHttpEngine:
         return self._capacity
 
     async def abort(self, request_id: str) -> None:
-        stream = self._streams.pop(request_id, None)
-        if stream is not None:
-            await stream.stop()
+        await self._in_flight.abort(request_id)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
         client = self._client
         if client is None:
             raise EngineNotRunning("the vLLM HTTP engine is not started (or already closed)")
-        if request.request_id in self._streams:
-            raise DuplicateRequest(f"request {request.request_id!r} is already running")
         prompt = build_prompt(request.kind, request.input)
         self._check_length(prompt, request.max_tokens)
-        stream = Stream()
-        self._streams[request.request_id] = stream
-        stream.reader = asyncio.create_task(
-            self._read(client, request, prompt, stream.items),
-            name=f"vllm-http-{request.request_id}",
-        )
-        try:
-            while True:
-                item = await stream.items.get()
-                if stream.stopped or isinstance(item, End):
-                    return
-                if isinstance(item, EngineError):
-                    raise item
+
+        def reader(items: asyncio.Queue[Item]) -> Coroutine[Any, Any, None]:
+            return self._read(client, request, prompt, items)
+
+        async with contextlib.aclosing(self._in_flight.items(request.request_id, reader)) as items:
+            async for item in items:
                 yield item
-        finally:
-            if self._streams.get(request.request_id) is stream:
-                del self._streams[request.request_id]
-            await stream.stop()
 
     def _check_length(self, prompt: str, max_tokens: int) -> None:
         """vLLM would cap the output silently: refuse what the context cannot hold."""
