@@ -102,6 +102,10 @@ def failing_server(status: int) -> FastAPI:
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(VLLM_METRICS)
 
+    @app.get("/v1/models")
+    async def models() -> dict[str, object]:
+        return {"object": "list", "data": [{"id": MODEL, "max_model_len": 4096}]}
+
     @app.post("/v1/completions")
     async def completions() -> JSONResponse:
         error = {"message": "no", "type": "Error", "param": None, "code": status}
