@@ -137,15 +137,19 @@ FAR = (datetime.now(UTC) + timedelta(days=400)).isoformat()
         (b'{"kind": "summarize", "input": "  \\n "}', 422, "invalid_request"),
         (b'{"kind": "summarize", "input": "x", "ttl_s": -5}', 422, "invalid_request"),
         (b'{"kind": "summarize", "input": "x", "ttl_s": 0}', 422, "invalid_request"),
-        (
+        # Named: their bodies carry the time of collection, which must not be in the test id
+        # (each pytest-xdist worker collects on its own and the ids must agree).
+        pytest.param(
             f'{{"kind": "summarize", "input": "x", "deadline": "{PAST}"}}'.encode(),
             422,
             "deadline_in_past",
+            id="deadline-in-past",
         ),
-        (
+        pytest.param(
             f'{{"kind": "summarize", "input": "x", "deadline": "{FAR}"}}'.encode(),
             422,
             "deadline_too_far",
+            id="deadline-too-far",
         ),
         (b'{"kind": "summarize", "input": "x", "max_tokens": 100000}', 422, "max_tokens_too_large"),
         (b'{"kind": "summarize", "input": "x", "extra": 1}', 422, "invalid_request"),
