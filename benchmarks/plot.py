@@ -155,6 +155,33 @@ def plot_kv_pull(results: dict[str, Any], *, path: Path) -> None:
     _save(fig, path)
 
 
+def plot_llamacpp_pull(report: dict[str, Any], *, path: Path) -> None:
+    """llama.cpp under each pull policy: requests deferred in the server and busy slots over
+    time, and output tokens decoded (on time and in all)."""
+    plt = _pyplot()
+    fig, (queue, tokens) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for policy, style in (("kv", "-"), ("greedy", "--")):
+        timeline = report[policy]["timeline"]
+        at = [s["at"] for s in timeline]
+        queue.plot(at, [s["deferred"] for s in timeline], style, label=f"{policy}: deferred")
+        queue.plot(
+            at, [s["processing"] for s in timeline], style, alpha=0.5, label=f"{policy}: processing"
+        )
+        tokens.plot(
+            at,
+            [s["predicted"] - timeline[0]["predicted"] for s in timeline],
+            style,
+            label=f"{policy} ({report[policy]['deadline_misses']} deadline misses)",
+        )
+    queue.set_xlabel("seconds from the worker's start")
+    queue.set_ylabel("requests in the llama.cpp server")
+    queue.legend(fontsize=8)
+    tokens.set_xlabel("seconds from the worker's start")
+    tokens.set_ylabel("output tokens decoded")
+    tokens.legend(fontsize=8)
+    _save(fig, path)
+
+
 def plot_longpoll(latencies_ms: dict[str, list[float]], *, path: Path) -> None:
     """How soon a long-poll answers after the terminal write: the CDF of each shape."""
     plt = _pyplot()
