@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -24,7 +25,7 @@ from sluicegate.db import make_engine
 from sluicegate.process import configure_logging, run_until_signal
 from sluicegate.samples import sample_documents
 from sluicegate.settings import Settings
-from sluicegate.stack import Stack
+from sluicegate.stack import Stack, StartFailed
 from workers.engines import llamacpp_server, sim_server
 from workers.service import build_sim_engine, run_worker
 from workers.webhooks import run_webhooks
@@ -136,14 +137,14 @@ def main(argv: list[str] | None = None) -> None:
     if command == "up":
         engine = _engine(settings, args.engine or settings.engine)
         workers = _workers(args.workers, engine)
-        run_until_signal(lambda stop: _up(settings, engine, workers, stop))
+        _run_stack(lambda stop: _up(settings, engine, workers, stop))
     elif command == "demo":
         engine = _engine(settings, args.engine or _demo_engine(settings))
         workers = _workers(args.workers, engine, at_least=1)
         docs = demo.read_documents([args.dir]) if args.dir else sample_documents()
         if not docs:
             sys.exit(f"no documents found in {args.dir}")
-        run_until_signal(lambda stop: _demo(settings, engine, workers, docs, stop))
+        _run_stack(lambda stop: _demo(settings, engine, workers, docs, stop))
     elif command == "submit":
         api_url = args.api or f"http://{settings.api_host}:{settings.api_port}"
         key = local_key.read_key(settings)
@@ -220,10 +221,18 @@ async def _local_key(stack: Stack) -> str | None:
     return key
 
 
+def _run_stack(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run the stack; a process that could not start is one line, not a traceback."""
+    try:
+        run_until_signal(main)
+    except StartFailed as exc:
+        sys.exit(f"sluicegate could not start: {exc}")
+
+
 def _llama_server(settings: Settings) -> None:
     try:
         run_until_signal(lambda stop: llamacpp_server.serve(settings, stop))
-    except llamacpp_server.ModelMissing as exc:
+    except llamacpp_server.ServerNotStarted as exc:
         sys.exit(str(exc))
 
 

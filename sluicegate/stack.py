@@ -29,6 +29,10 @@ ENGINE_ROLE = "llama"
 """Role prefix of the engine servers the stack runs (one per worker, stopped after it)."""
 
 
+class StartFailed(Exception):
+    """A process of the stack exited before it was ready; the message says which and why."""
+
+
 @dataclass
 class Child:
     role: str
@@ -144,7 +148,7 @@ class Stack:
             async with asyncio.timeout(ENGINE_READY_S):
                 while True:
                     if child.process is not None and child.process.returncode is not None:
-                        raise RuntimeError(
+                        raise StartFailed(
                             f"{child.role} exited with code {child.process.returncode}"
                             + self._see_log(child)
                         )
@@ -154,9 +158,13 @@ class Stack:
                     await asyncio.sleep(0.1)
 
     def _see_log(self, child: Child) -> str:
+        """Its last log line and where its log is (above, when it writes to our output)."""
         if self.log_dir is None:
-            return ""
-        return f" (see {self.log_dir / f'{child.role}.log'})"
+            return " (its last lines are above)"
+        path = self.log_dir / f"{child.role}.log"
+        lines = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+        last = f": {lines[-1].strip()}" if lines else ""
+        return f"{last} (log: {path})"
 
     async def _spawn(self, child: Child) -> None:
         out: IO[bytes] | None = None
@@ -181,7 +189,10 @@ class Stack:
                 while True:
                     api = self._children[0].process
                     if api is not None and api.returncode is not None:
-                        raise RuntimeError(f"the API exited with code {api.returncode}")
+                        raise StartFailed(
+                            f"the API exited with code {api.returncode}"
+                            + self._see_log(self._children[0])
+                        )
                     with contextlib.suppress(httpx.HTTPError):
                         if (await http.get(f"{self.api_url}/healthz")).status_code == 200:
                             return

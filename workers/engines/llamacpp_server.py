@@ -27,7 +27,11 @@ HOST = "127.0.0.1"
 QUIET = -1  # llama.cpp's log verbosity: nothing below errors
 
 
-class ModelMissing(Exception):
+class ServerNotStarted(Exception):
+    """llama.cpp's server did not start; the message says why and what to do."""
+
+
+class ModelMissing(ServerNotStarted):
     pass
 
 
@@ -62,15 +66,24 @@ def port_of(url: str) -> int:
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
-    """Run the server until ``stop`` is set. ModelMissing if the model file is not there."""
+    """Run the server until ``stop`` is set. ModelMissing if the model file is not there,
+    ServerNotStarted if llama.cpp refuses it."""
     model = model_file(settings)
     if not model.is_file():
         raise ModelMissing(f"no model at {model}: run `sluicegate model pull` first")
     import xllamacpp
 
     params = server_params(settings, model)
+    try:
+        server = await asyncio.to_thread(xllamacpp.Server, params)
+    except RuntimeError as exc:  # xllamacpp says only that init failed; llama.cpp logs why
+        raise ServerNotStarted(
+            f"llama.cpp did not start on {model} at {HOST}:{params.port} ({exc}): the model "
+            "may be damaged (`sluicegate model pull` checks and replaces it) or the port taken"
+        ) from None
     # The only reference: xllamacpp stops the server when the object goes (``clear``).
-    running = [await asyncio.to_thread(xllamacpp.Server, params)]
+    running = [server]
+    del server
     log.info(
         "llama.cpp serving %s at http://%s:%d (%d slots of %d tokens, %d threads)",
         model.name,
