@@ -27,6 +27,7 @@ from sluicegate.samples import sample_documents
 from sluicegate.settings import Settings
 from sluicegate.stack import Stack, StartFailed
 from workers.engines import llamacpp_server, sim_server
+from workers.engines.errors import EngineError
 from workers.service import build_sim_engine, run_worker
 from workers.webhooks import run_webhooks
 
@@ -180,7 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     elif command == "relay":
         run_until_signal(lambda stop: service.run_relay(settings, stop))
     elif command == "worker":
-        run_until_signal(lambda stop: run_worker(settings, stop))
+        try:
+            run_until_signal(lambda stop: run_worker(settings, stop))
+        except EngineError as exc:  # its engine did not start: wrong model, server down
+            sys.exit(f"the worker's engine did not start ({exc.code}): {exc}")
     elif command == "webhooks":
         run_until_signal(lambda stop: run_webhooks(settings, stop))
     elif command == "migrate":
