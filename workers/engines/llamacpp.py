@@ -93,13 +93,13 @@ class LlamaCppEngine:
         )
         try:
             props = await self._props(client)
+            self._slots = int(props["total_slots"])
+            self._slot_context = int(props["default_generation_settings"]["n_ctx"])
+            await self._read_capacity(client, with_metrics=True)
         except BaseException:
             await client.aclose()
             raise
-        self._slots = int(props["total_slots"])
-        self._slot_context = int(props["default_generation_settings"]["n_ctx"])
         self._client = client
-        await self._read_capacity(client, with_metrics=True)
         self._poller = asyncio.create_task(self._poll(client), name="llamacpp-slots")
 
     async def _props(self, client: httpx.AsyncClient) -> dict[str, Any]:
