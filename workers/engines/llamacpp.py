@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
@@ -44,12 +43,11 @@ from workers.engines.errors import (
     RequestTooLarge,
 )
 from workers.engines.prompts import chat_messages
-from workers.engines.streaming import END, InFlight, Item, padding
+from workers.engines.streaming import InFlight, Item, end_of_output, sse_events
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
-COMPLETE = frozenset({"stop", "length"})
 METRICS_EVERY = 10  # polls of /slots per read of /metrics (requests deferred)
 UNKNOWN = Capacity(total_blocks=0, free_blocks=0, block_size=1, running=0, waiting=0, preemptions=0)
 
@@ -240,13 +238,7 @@ async def _relay(response: httpx.Response, items: asyncio.Queue[Item]) -> Item:
     finish: str | None = None
     usage: int | None = None
     yielded = 0
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line.removeprefix("data:").strip()
-        if data == "[DONE]":
-            break
-        event = json.loads(data)
+    async for event in sse_events(response):
         if "error" in event:
             return EngineError(f"the server failed the request: {event['error']}")
         for choice in event.get("choices") or ():
@@ -256,15 +248,7 @@ async def _relay(response: httpx.Response, items: asyncio.Queue[Item]) -> Item:
             finish = choice.get("finish_reason") or finish
         if event.get("usage"):
             usage = int(event["usage"]["completion_tokens"])
-    if finish is None:
-        return EngineUnavailable("the stream ended before its output did")
-    if finish not in COMPLETE:
-        return EngineError(f"the server ended the output with finish_reason {finish!r}")
-    if usage is not None and yielded > usage:
-        log.warning("%d chunks of text for %d tokens the server counted", yielded, usage)
-    for empty in padding(yielded, usage):
-        items.put_nowait(empty)
-    return END
+    return end_of_output(finish, yielded, usage, items)
 
 
 def _refusal(response: httpx.Response) -> EngineError:

@@ -9,10 +9,22 @@ holds at most one item per generated token, so ``max_tokens`` bounds it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Coroutine
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from workers.engines.errors import DuplicateRequest, EngineError
+import httpx
+
+from workers.engines.errors import (
+    DuplicateRequest,
+    EngineAborted,
+    EngineError,
+    EngineUnavailable,
+)
+
+log = logging.getLogger(__name__)
+COMPLETE = frozenset({"stop", "length"})
 
 Reader = Callable[[asyncio.Queue["Item"]], Coroutine[Any, Any, None]]
 
@@ -77,6 +89,38 @@ class InFlight:
     async def abort_all(self) -> None:
         for request_id in list(self._streams):
             await self.abort(request_id)
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON events of a server-sent event stream, up to ``data: [DONE]``."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line.removeprefix("data:").strip()
+        if data == "[DONE]":
+            return
+        event: dict[str, Any] = json.loads(data)
+        yield event
+
+
+def end_of_output(
+    finish: str | None, yielded: int, usage: int | None, items: asyncio.Queue[Item]
+) -> Item:
+    """What ends a stream whose last ``finish_reason`` was ``finish``: the end, once made up
+    to the server's ``usage`` count; or why it is not a whole output. Only "stop" and
+    "length" are; "abort" means the server ended it itself (vLLM: ``/pause``, ``/sleep``,
+    ``/abort_requests``), a retriable error."""
+    if finish is None:
+        return EngineUnavailable("the stream ended before its output did")
+    if finish == "abort":
+        return EngineAborted("the server aborted the request before its output ended")
+    if finish not in COMPLETE:
+        return EngineError(f"the server ended the output with finish_reason {finish!r}")
+    if usage is not None and yielded > usage:
+        log.warning("%d items for the %d tokens the server counted", yielded, usage)
+    for empty in padding(yielded, usage):
+        items.put_nowait(empty)
+    return END
 
 
 def padding(yielded: int, server_count: int | None) -> list[str]:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 from collections.abc import AsyncIterator, Coroutine
@@ -60,14 +59,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from schemas.jobs import estimate_tokens
 from workers.engines.base import Capacity, GenerationRequest
 from workers.engines.errors import (
-    EngineAborted,
     EngineError,
     EngineNotRunning,
     EngineUnavailable,
     RequestTooLarge,
 )
 from workers.engines.prompts import build_prompt
-from workers.engines.streaming import END, InFlight, Item, output_pieces, padding
+from workers.engines.streaming import (
+    InFlight,
+    Item,
+    end_of_output,
+    output_pieces,
+    sse_events,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +85,6 @@ UNKNOWN = Capacity(
 _TOO_LONG = re.compile(
     r"maximum (context|model) length|cannot be greater than max_model_len", re.IGNORECASE
 )
-COMPLETE = frozenset({"stop", "length"})
 
 
 class VllmHttpEngine:
@@ -277,13 +280,7 @@ async def _relay(response: httpx.Response, items: asyncio.Queue[Item]) -> Item:
     finish: str | None = None
     usage: int | None = None
     yielded = 0
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line.removeprefix("data:").strip()
-        if data == "[DONE]":
-            break
-        event = json.loads(data)
+    async for event in sse_events(response):
         if "error" in event:
             error = event["error"]
             return _refusal(int(error.get("code") or 500), str(error.get("message")))
@@ -297,23 +294,7 @@ async def _relay(response: httpx.Response, items: asyncio.Queue[Item]) -> Item:
             finish = choice.get("finish_reason") or finish
         if event.get("usage"):
             usage = int(event["usage"]["completion_tokens"])
-    return _ending(finish, yielded, usage, items)
-
-
-def _ending(
-    finish: str | None, yielded: int, usage: int | None, items: asyncio.Queue[Item]
-) -> Item:
-    if finish is None:
-        return EngineUnavailable("the stream ended before its output did")
-    if finish == "abort":
-        return EngineAborted("the server aborted the request before its output ended")
-    if finish not in COMPLETE:
-        return EngineError(f"the server ended the output with finish_reason {finish!r}")
-    if usage is not None and yielded > usage:
-        log.warning("%d items for the %d tokens the server counted", yielded, usage)
-    for empty in padding(yielded, usage):
-        items.put_nowait(empty)
-    return END
+    return end_of_output(finish, yielded, usage, items)
 
 
 def _message(response: httpx.Response) -> str:
