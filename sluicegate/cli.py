@@ -22,6 +22,8 @@ from schemas.errors import SluicegateError
 from schemas.jobs import JobKind
 from sluicegate import local_key, migrate, models
 from sluicegate.db import make_engine
+from sluicegate.embedded import EmbeddedError
+from sluicegate.lock import DataDirLock, StackRunning, stop_orphans
 from sluicegate.process import configure_logging, run_until_signal
 from sluicegate.samples import sample_documents
 from sluicegate.settings import Settings
@@ -138,14 +140,14 @@ def main(argv: list[str] | None = None) -> None:
     if command == "up":
         engine = _engine(settings, args.engine or settings.engine)
         workers = _workers(args.workers, engine)
-        _run_stack(lambda stop: _up(settings, engine, workers, stop))
+        _run_stack(settings, lambda stop, lock: _up(settings, engine, workers, lock, stop))
     elif command == "demo":
         engine = _engine(settings, args.engine or _demo_engine(settings))
         workers = _workers(args.workers, engine, at_least=1)
         docs = demo.read_documents([args.dir]) if args.dir else sample_documents()
         if not docs:
             sys.exit(f"no documents found in {args.dir}")
-        _run_stack(lambda stop: _demo(settings, engine, workers, docs, stop))
+        _run_stack(settings, lambda stop, lock: _demo(settings, engine, workers, docs, lock, stop))
     elif command == "submit":
         api_url = args.api or f"http://{settings.api_host}:{settings.api_port}"
         key = local_key.read_key(settings)
@@ -225,12 +227,24 @@ async def _local_key(stack: Stack) -> str | None:
     return key
 
 
-def _run_stack(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-    """Run the stack; a process that could not start is one line, not a traceback."""
+def _run_stack(
+    settings: Settings, main: Callable[[asyncio.Event, DataDirLock], Awaitable[None]]
+) -> None:
+    """Run a stack on the data directory, which it holds (one stack a directory); a process
+    that could not start is one line, not a traceback."""
+    lock = DataDirLock(settings.data_dir)
     try:
-        run_until_signal(main)
-    except StartFailed as exc:
+        left = lock.acquire(api_url=f"http://{settings.api_host}:{settings.api_port}")
+    except StackRunning as exc:
+        sys.exit(str(exc))
+    try:
+        if stopped := stop_orphans(left):
+            print(f"stopped {len(stopped)} processes a dead stack left running", file=sys.stderr)
+        run_until_signal(lambda stop: main(stop, lock))
+    except (StartFailed, EmbeddedError) as exc:
         sys.exit(f"sluicegate could not start: {exc}")
+    finally:
+        lock.release()
 
 
 def _llama_server(settings: Settings) -> None:
@@ -309,8 +323,10 @@ async def _start(stack: Stack) -> str | None:
     return key
 
 
-async def _up(settings: Settings, engine: str, workers: int, stop: asyncio.Event) -> None:
-    stack = Stack(settings, workers=workers, engine=engine)
+async def _up(
+    settings: Settings, engine: str, workers: int, lock: DataDirLock, stop: asyncio.Event
+) -> None:
+    stack = Stack(settings, workers=workers, engine=engine, lock=lock)
     console = Console()
     try:
         key = await _start(stack)
@@ -344,9 +360,12 @@ async def _demo(
     engine: str,
     workers: int,
     docs: list[tuple[str, str]],
+    lock: DataDirLock,
     stop: asyncio.Event,
 ) -> None:
-    stack = Stack(settings, workers=workers, engine=engine, log_dir=settings.data_dir / "logs")
+    stack = Stack(
+        settings, workers=workers, engine=engine, lock=lock, log_dir=settings.data_dir / "logs"
+    )
     console = Console()
     try:
         with console.status("starting the local stack (PostgreSQL, broker, API, workers)"):

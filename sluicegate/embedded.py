@@ -43,13 +43,24 @@ def free_port() -> int:
         return port
 
 
+class EmbeddedError(RuntimeError):
+    """An embedded service did not start; the message carries the end of its log."""
+
+
 class EmbeddedPostgres:
-    """A PostgreSQL server whose data directory survives restarts. ``start``/``stop`` block."""
+    """A PostgreSQL server whose data directory survives restarts. ``start``/``stop`` block.
+
+    ``stop`` stops only a server this object started. The caller makes sure no other live
+    process uses the data directory (the local stack holds its lock, ``sluicegate/lock.py``):
+    a server still running there when ``start`` is called was left by a stack that died, and
+    is stopped first.
+    """
 
     def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self._system_user: str | None = None
+        self._started = False
 
     @property
     def url(self) -> str:
@@ -107,22 +118,36 @@ class EmbeddedPostgres:
                 "-U",
                 PG_USER,
             )
+        self._stop_leftover()
         options = f"-h 127.0.0.1 -p {self.port} -c unix_socket_directories=''"
-        self._run(
-            "pg_ctl",
-            "-D",
-            str(self.data_dir),
-            "-o",
-            options,
-            "-l",
-            str(self.data_dir / "server.log"),
-            "-w",
-            "-t",
-            "60",
-            "start",
-            timeout=90,
-        )
+        log = self.data_dir / "server.log"
+        try:
+            self._run(
+                "pg_ctl",
+                "-D",
+                str(self.data_dir),
+                "-o",
+                options,
+                "-l",
+                str(log),
+                "-w",
+                "-t",
+                "60",
+                "start",
+                timeout=90,
+            )
+        except subprocess.CalledProcessError:
+            lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+            last = lines[-1] if lines else "no log"
+            raise EmbeddedError(f"PostgreSQL did not start on {self.data_dir}: {last}") from None
+        self._started = True
         self._create_database()
+
+    def _stop_leftover(self) -> None:
+        """A server still running on the data directory, left by a stack that died."""
+        if (self.data_dir / "postmaster.pid").exists():
+            with contextlib.suppress(subprocess.CalledProcessError):
+                self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
 
     def _create_database(self) -> None:
         async def create() -> None:
@@ -141,8 +166,9 @@ class EmbeddedPostgres:
         asyncio.run(create())
 
     def stop(self) -> None:
-        if not (self.data_dir / "postmaster.pid").exists():
+        if not self._started or not (self.data_dir / "postmaster.pid").exists():
             return
+        self._started = False
         with contextlib.suppress(subprocess.CalledProcessError):
             self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
 
@@ -224,6 +250,10 @@ class EmbeddedBroker:
                 await asyncio.sleep(0.1)
             finally:
                 await admin.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
 
     def stop(self, grace_s: float = 5.0) -> None:
         process, self._process = self._process, None

@@ -18,6 +18,7 @@ import httpx
 from sluicegate import migrate
 from sluicegate.embedded import EmbeddedBroker, EmbeddedPostgres, free_port
 from sluicegate.kafka import ensure_topics
+from sluicegate.lock import DataDirLock
 from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class Stack:
     # The workers' engine. "llamacpp": each worker gets a llama.cpp server of its own on a
     # free loopback port (a child like the others), so its slot gate sees every request.
     engine: str = "sim"
+    # The data directory's lock, held by the caller; told which processes the stack runs.
+    lock: DataDirLock | None = None
     log_dir: Path | None = None  # None: children write to our stdout/stderr
     database_url: str = ""
     bootstrap: str = ""
@@ -87,6 +90,7 @@ class Stack:
         else:
             self._broker = EmbeddedBroker(log_path=data_dir / "broker.log")
             await self._broker.start()
+            self._record_processes()
             self.bootstrap = self._broker.bootstrap
             self.fresh_broker = True  # memory storage: it starts empty every time
         await ensure_topics(
@@ -182,6 +186,16 @@ class Stack:
             stderr=asyncio.subprocess.STDOUT if out is not None else None,
             start_new_session=True,  # our signals reach them only through us
         )
+        self._record_processes()
+
+    def _record_processes(self) -> None:
+        """Tell the lock what runs, so that a stack after us stops it if we die."""
+        if self.lock is None:
+            return
+        pids = [c.process.pid for c in self._children if c.process is not None]
+        if self._broker is not None and self._broker.pid is not None:
+            pids.append(self._broker.pid)
+        self.lock.children(pids)
 
     async def _wait_api_ready(self, timeout_s: float = 30.0) -> None:
         async with httpx.AsyncClient(timeout=2.0) as http:

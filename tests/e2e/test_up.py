@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import asyncpg
 import httpx
+import psutil
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas import constants
+from sluicegate.embedded import free_port
 from sluicegate.samples import sample_documents
 from tests.e2e.stack import RunningStack, wait_terminal
 
@@ -96,3 +101,49 @@ def test_accepted_job_survives_a_restart_of_up(stack_factory) -> None:
     second = stack_factory(workers=1)
     views = wait_terminal(second, ids)
     assert {v["state"] for v in views.values()} == {"succeeded"}
+
+
+def test_a_second_up_on_the_same_data_dir_is_refused_and_touches_nothing(
+    stack_factory, tmp_path
+) -> None:
+    first = stack_factory(workers=1)
+    env = {
+        **os.environ,
+        "SLUICEGATE_DATA_DIR": str(tmp_path),
+        "SLUICEGATE_API_PORT": str(free_port()),
+    }
+    for key in ("SLUICEGATE_DATABASE_URL", "SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS"):
+        env.pop(key, None)
+    second = subprocess.run(
+        [sys.executable, "-m", "sluicegate", "up", "--workers", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode != 0
+    said = (second.stdout + second.stderr).strip().splitlines()
+    assert len(said) == 1, said
+    assert "already runs" in said[0]
+    assert f"pid {first.process.pid}" in said[0]
+    assert first.api_url in said[0]
+    # The first stack goes on as if nothing happened: its database, its workers.
+    views = wait_terminal(first, submit(first, 3))
+    assert {v["state"] for v in views.values()} == {"succeeded"}
+    assert first.stop() == 0
+
+
+def test_up_after_up_was_killed_takes_the_data_dir_back(stack_factory) -> None:
+    first = stack_factory(workers=0)
+    ids = submit(first, 2)
+    left = psutil.Process(first.process.pid).children(recursive=True)
+    first.process.kill()  # kill -9: its children and its PostgreSQL keep running
+    first.process.wait()
+    assert any(p.is_running() and p.status() != "zombie" for p in left)
+
+    second = stack_factory(workers=1)
+    assert "processes a dead stack left running" in second.log_text()
+    views = wait_terminal(second, ids)  # accepted before the kill: not lost
+    assert {v["state"] for v in views.values()} == {"succeeded"}
+    assert not [p for p in left if p.is_running() and p.status() != "zombie"]
+    assert second.stop() == 0
