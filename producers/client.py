@@ -19,20 +19,38 @@ from schemas.api import JobView, SubmitResponse
 from schemas.batches import BatchView
 from schemas.jobs import JobKind, Priority
 
+# Refusals a retry cannot turn into a success: the deadline stays where it is.
+FINAL_CODES = frozenset({"deadline_unreachable"})
+
+
+class Unreachable(Exception):
+    """The API did not answer: nothing listens at the URL, or the connection broke."""
+
+    def __init__(self, base_url: str, exc: httpx.TransportError) -> None:
+        cause = str(exc) or type(exc).__name__
+        super().__init__(f"cannot reach the Sluicegate API at {base_url} ({cause})")
+        self.base_url = base_url
+
 
 class ApiError(Exception):
     def __init__(
-        self, status: int, code: str, message: str, retry_after_s: float | None = None
+        self,
+        status: int,
+        code: str,
+        message: str,
+        retry_after_s: float | None = None,
+        details: list[Any] | None = None,
     ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
         self.retry_after_s = retry_after_s
+        self.details = details or []  # the error's details: a refused batch's bad lines
 
     @property
     def retriable(self) -> bool:
-        return self.status in (429, 503)
+        return self.status in (429, 503) and self.code not in FINAL_CODES
 
 
 def _retry_after_s(response: httpx.Response, body: Any) -> float | None:
@@ -49,13 +67,16 @@ def _raise_for(response: httpx.Response) -> None:
     if response.is_success:
         return
     body: Any = None
+    details: list[Any] = []
     try:
         body = response.json()
         error = body["error"]
         code, message = str(error["code"]), str(error["message"])
-    except (ValueError, KeyError, TypeError):
+        if isinstance(error.get("details"), list):
+            details = error["details"]
+    except (ValueError, KeyError, TypeError, AttributeError):
         code, message = "http_error", response.text[:200]
-    raise ApiError(response.status_code, code, message, _retry_after_s(response, body))
+    raise ApiError(response.status_code, code, message, _retry_after_s(response, body), details)
 
 
 @dataclass
@@ -98,6 +119,12 @@ class RetryPolicy:
         return random.uniform(base, min(2 * base, self.max_wait_s))
 
 
+@dataclass(frozen=True)
+class CreatedBatch:
+    batch: BatchView
+    replayed: bool  # an earlier request with the same Idempotency-Key made it
+
+
 class SluicegateClient:
     def __init__(
         self,
@@ -109,7 +136,10 @@ class SluicegateClient:
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_wait: Callable[[ApiError, float], None] | None = None,
     ) -> None:
+        """``on_wait(refusal, seconds)`` is called before each retry's wait, so a caller
+        can say what it waits for."""
         headers = {constants.HEADER_TENANT: tenant} if tenant else {}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -118,6 +148,16 @@ class SluicegateClient:
         )
         self._retry = retry
         self._sleep = sleep
+        self._on_wait = on_wait
+        self.base_url = base_url
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise Unreachable(self.base_url, exc) from None
+        _raise_for(response)
+        return response
 
     async def __aenter__(self) -> SluicegateClient:
         return self
@@ -171,8 +211,9 @@ class SluicegateClient:
         callback_url: str | None = None,
         priority: Priority = Priority.NORMAL,
         idempotency_key: str | None = None,
-    ) -> BatchView:
-        """Submit OpenAI Batch request lines as one batch (admitted or refused whole)."""
+    ) -> CreatedBatch:
+        """Submit OpenAI Batch request lines as one batch (admitted or refused whole);
+        ``replayed`` when the Idempotency-Key found the batch it made before."""
         body: dict[str, Any] = {
             "requests": requests,
             "completion_window": completion_window,
@@ -184,16 +225,15 @@ class SluicegateClient:
             body["callback_url"] = callback_url
         headers = {constants.HEADER_IDEMPOTENCY_KEY: idempotency_key} if idempotency_key else {}
         response = await self._post_retrying("/v1/batches", body, headers=headers)
-        return BatchView.model_validate_json(response.content)
+        batch = BatchView.model_validate_json(response.content)
+        return CreatedBatch(batch, replayed=response.status_code == 200)
 
     async def get_batch(self, batch_id: str) -> BatchView:
-        response = await self._http.get(f"/v1/batches/{batch_id}")
-        _raise_for(response)
+        response = await self._send("GET", f"/v1/batches/{batch_id}")
         return BatchView.model_validate_json(response.content)
 
     async def cancel_batch(self, batch_id: str) -> BatchView:
-        response = await self._http.post(f"/v1/batches/{batch_id}/cancel")
-        _raise_for(response)
+        response = await self._send("POST", f"/v1/batches/{batch_id}/cancel")
         return BatchView.model_validate_json(response.content)
 
     async def batch_results(
@@ -202,8 +242,7 @@ class SluicegateClient:
         """The batch's output lines in submission order, after the job ``after``, up to
         the first request not ended yet."""
         params = {"after": after} if after else {}
-        response = await self._http.get(f"/v1/batches/{batch_id}/results", params=params)
-        _raise_for(response)
+        response = await self._send("GET", f"/v1/batches/{batch_id}/results", params=params)
         return [json.loads(line) for line in response.text.splitlines() if line.strip()]
 
     async def _post_retrying(
@@ -216,9 +255,8 @@ class SluicegateClient:
         if retry is not None:
             retry.deposit()
         while True:
-            response = await self._http.post(path, json=body, headers=headers)
             try:
-                _raise_for(response)
+                response = await self._send("POST", path, json=body, headers=headers)
             except ApiError as exc:
                 attempt += 1
                 if (
@@ -228,16 +266,17 @@ class SluicegateClient:
                     or not retry.withdraw()
                 ):
                     raise
-                await self._sleep(retry.delay_s(exc.retry_after_s, attempt))
+                wait_s = retry.delay_s(exc.retry_after_s, attempt)
+                if self._on_wait is not None:
+                    self._on_wait(exc, wait_s)
+                await self._sleep(wait_s)
                 continue
             return response
 
     async def get(self, job_id: str) -> JobView:
-        response = await self._http.get(f"/v1/jobs/{job_id}")
-        _raise_for(response)
+        response = await self._send("GET", f"/v1/jobs/{job_id}")
         return JobView.model_validate_json(response.content)
 
     async def cancel(self, job_id: str) -> JobView:
-        response = await self._http.delete(f"/v1/jobs/{job_id}")
-        _raise_for(response)
+        response = await self._send("DELETE", f"/v1/jobs/{job_id}")
         return JobView.model_validate_json(response.content)

@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from producers.client import RetryPolicy, SluicegateClient
+from producers.documents import Document, Skipped, read_document, read_folder
 from schemas.api import JobView
 from schemas.jobs import JobKind
 
@@ -28,17 +29,25 @@ class Tracked:
     finished: float | None = None
 
 
-def read_documents(paths: list[Path]) -> list[tuple[str, str]]:
-    """(name, text) for each file, or each *.txt/*.md file of a directory."""
+def read_documents(
+    paths: list[Path], *, max_bytes: int
+) -> tuple[list[tuple[str, str]], list[Skipped]]:
+    """(name, text) for each file, or each *.txt/*.md file under a folder; and the files
+    that cannot be documents, with why (``producers.documents``)."""
     found: list[tuple[str, str]] = []
+    skipped: list[Skipped] = []
     for path in paths:
-        files = (
-            sorted(p for p in path.iterdir() if p.suffix in {".txt", ".md"})
-            if path.is_dir()
-            else [path]
-        )
-        found.extend((f.name, f.read_text(encoding="utf-8")) for f in files)
-    return found
+        if path.is_dir():
+            folder = read_folder(path, max_bytes=max_bytes)
+            found.extend((d.name, d.text) for d in folder.documents)
+            skipped.extend(folder.skipped)
+            continue
+        doc = read_document(path, str(path), max_bytes)
+        if isinstance(doc, Document):
+            found.append((doc.name, doc.text))
+        else:
+            skipped.append(doc)
+    return found, skipped
 
 
 async def submit_all(

@@ -1,21 +1,32 @@
-"""`sluicegate summarize`: documents (a directory, or an OpenAI Batch JSONL file) sent as one
-batch, followed with a live progress bar, results written as they finish.
+"""`sluicegate summarize`: what becomes the batch (a folder's documents, or an OpenAI Batch
+JSONL file), and what a results file already holds.
 
-An interrupted run resumes: the batch id is kept beside the results file (``<out>.batch``),
-so a second run with the same input and ``--out`` submits nothing and only writes the
-results not written yet. The batch is also submitted with an Idempotency-Key derived from
-the input, so even without that file the same input never becomes a second batch.
+An interrupted run resumes: the batch is recorded beside the results file (``<out>.batch``:
+its id, the fingerprint of its input, when it was made and its absolute deadline), so a
+second run with the same input and ``--out`` submits nothing and only writes the results not
+written yet. The batch is also submitted with an Idempotency-Key derived from the input, so
+the same input never becomes a second batch unless ``--new`` asks for one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-DOCUMENT_SUFFIXES = {".txt", ".md"}
+from producers.documents import (
+    DOCUMENT_SUFFIXES,
+    Document,
+    Folder,
+    Skipped,
+    decode,
+    read_document,
+    read_folder,
+)
+
 SUMMARIZE_URL = "/v1/summarize"
 
 
@@ -23,39 +34,71 @@ class InputError(Exception):
     """The input cannot become a batch; the message says why."""
 
 
-def documents(directory: Path) -> list[Path]:
-    """Every *.txt and *.md file under ``directory``, in a stable order."""
-    return sorted(
-        p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in DOCUMENT_SUFFIXES
-    )
+@dataclass(frozen=True)
+class Input:
+    """The batch's request lines, and the files that are not part of it (with why)."""
+
+    requests: list[dict[str, Any]]
+    skipped: list[Skipped] = field(default_factory=list)
 
 
-def build_requests(path: Path, *, max_tokens: int) -> list[dict[str, Any]]:
-    """The batch's requests: one summarize request per document (its custom_id is the path
-    under the directory), or the lines of a JSONL file as they are."""
-    if path.is_dir():
-        found = documents(path)
-        if not found:
-            raise InputError(f"no .txt or .md files under {path}")
-        return [
+def build_requests(
+    path: Path, *, max_tokens: int, max_bytes: int, encoding: str | None = None
+) -> Input:
+    """One summarize request per readable document of a folder (its custom_id is the path
+    under the folder) or of one .txt/.md file, or the lines of a JSONL file as they are."""
+    if path.is_dir() or (path.is_file() and path.suffix.lower() in DOCUMENT_SUFFIXES):
+        folder = _read(path, max_bytes, encoding)
+        requests = [
             {
-                "custom_id": doc.relative_to(path).as_posix(),
+                "custom_id": doc.name,
                 "method": "POST",
                 "url": SUMMARIZE_URL,
-                "body": {"input": doc.read_text(encoding="utf-8"), "max_tokens": max_tokens},
+                "body": {"input": doc.text, "max_tokens": max_tokens},
             }
-            for doc in found
+            for doc in folder.documents
         ]
+        return Input(requests, folder.skipped)
+    if not path.exists():
+        raise InputError(f"{path} does not exist")
     if not path.is_file():
         raise InputError(f"{path} is neither a directory nor a file")
+    return Input(_jsonl_requests(path, encoding))
+
+
+def _read(path: Path, max_bytes: int, encoding: str | None) -> Folder:
+    """A folder's documents, or one document file as a folder of one."""
+    if path.is_file():
+        found = read_document(path, path.name, max_bytes, encoding)
+        if isinstance(found, Document):
+            return Folder([found], [])
+        return Folder([], [found])
+    folder = read_folder(path, max_bytes=max_bytes, encoding=encoding)
+    if not folder.documents and not folder.skipped:
+        raise InputError(f"no .txt or .md files under {path}")
+    return folder
+
+
+def _jsonl_requests(path: Path, encoding: str | None) -> list[dict[str, Any]]:
+    try:
+        text = decode(path.read_bytes(), encoding)
+    except OSError as exc:
+        raise InputError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        number = exc.object[: exc.start].count(b"\n") + 1
+        raise InputError(
+            f"{path}:{number}: not {encoding or 'UTF-8'} (byte 0x{exc.object[exc.start]:02x} at "
+            f"offset {exc.start})"
+        ) from None
     requests = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             request = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        except (json.JSONDecodeError, RecursionError) as exc:
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+            raise InputError(f"{path}:{number}: not JSON ({reason})") from None
         if not isinstance(request, dict) or "custom_id" not in request:
             raise InputError(f"{path}:{number}: not a batch request (no custom_id)")
         requests.append(request)
@@ -72,10 +115,13 @@ def digest(requests: list[dict[str, Any]], completion_window: str) -> str:
 
 @dataclass(frozen=True)
 class Resume:
-    """What a results file's run is: its batch and the fingerprint of its input."""
+    """What a results file's run is: its batch, the fingerprint of its input, and (ISO 8601)
+    when the batch was made and its deadline."""
 
     batch_id: str
     digest: str
+    created_at: str | None = None
+    deadline: str | None = None
 
     @staticmethod
     def path(out: Path) -> Path:
@@ -84,13 +130,26 @@ class Resume:
     @classmethod
     def load(cls, out: Path) -> Resume | None:
         path = cls.path(out)
-        if not path.exists():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return cls(
+                batch_id=str(data["batch_id"]),
+                digest=str(data["digest"]),
+                created_at=data.get("created_at"),
+                deadline=data.get("deadline"),
+            )
+        except FileNotFoundError:
             return None
-        data = json.loads(path.read_text())
-        return cls(batch_id=str(data["batch_id"]), digest=str(data["digest"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            raise InputError(
+                f"{path} is damaged; remove it (and {out}) to start the batch again"
+            ) from None
 
     def save(self, out: Path) -> None:
-        self.path(out).write_text(json.dumps({"batch_id": self.batch_id, "digest": self.digest}))
+        self.path(out).write_text(json.dumps(asdict(self)), encoding="utf-8")
+
+    def deadline_at(self) -> datetime | None:
+        return datetime.fromisoformat(self.deadline) if self.deadline else None
 
 
 @dataclass(frozen=True)
@@ -114,9 +173,38 @@ def written(out: Path) -> Written:
             f.truncate(end)
     seen = set()
     last = None
-    for line in data[:end].splitlines():
-        if line.strip():
+    for number, line in enumerate(data[:end].splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
             result = json.loads(line)
             seen.add(str(result["custom_id"]))
             last = str(result["sluicegate"]["job_id"])
+        except (ValueError, KeyError, TypeError):
+            raise InputError(
+                f"{out}:{number} is not a result line of sluicegate summarize; choose another --out"
+            ) from None
     return Written(frozenset(seen), last)
+
+
+def skipped_path(out: Path) -> Path:
+    """Where the files left out of the batch are listed: ``results.skipped.jsonl``."""
+    return out.with_name(f"{out.stem}.skipped{out.suffix or '.jsonl'}")
+
+
+def write_skipped(out: Path, skipped: list[Skipped]) -> Path | None:
+    """List the skipped files in OpenAI's error-line shape; removes a stale list."""
+    path = skipped_path(out)
+    if not skipped:
+        path.unlink(missing_ok=True)
+        return None
+    lines = (
+        json.dumps(
+            {"custom_id": s.name, "error": {"code": s.reason, "message": s.message}},
+            ensure_ascii=False,
+        )
+        + "\n"
+        for s in skipped
+    )
+    path.write_text("".join(lines), encoding="utf-8")
+    return path

@@ -12,6 +12,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from schemas import constants
 
 
+class MissingSetting(RuntimeError):
+    """A role started without a setting it cannot run without."""
+
+
 def default_data_dir() -> Path:
     return user_data_path("sluicegate", appauthor=False)
 
@@ -234,10 +238,10 @@ class Settings(BaseSettings):
 
     def require_database_url(self) -> str:
         if not self.database_url:
-            raise RuntimeError("SLUICEGATE_DATABASE_URL is not set")
+            raise MissingSetting("SLUICEGATE_DATABASE_URL is not set")
         return self.database_url
 
     def require_kafka(self) -> str:
         if not self.kafka_bootstrap_servers:
-            raise RuntimeError("SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS is not set")
+            raise MissingSetting("SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS is not set")
         return self.kafka_bootstrap_servers

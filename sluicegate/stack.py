@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import httpx
 
-from sluicegate import migrate
+from sluicegate import migrate, stack_info
 from sluicegate.embedded import EmbeddedBroker, EmbeddedPostgres, free_port
 from sluicegate.kafka import ensure_topics
 from sluicegate.lock import DataDirLock
@@ -101,6 +101,7 @@ class Stack:
 
     def child_env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env.pop("SLUICEGATE_METRICS_PORT", None)  # each role gets its own (``_metrics_env``)
         env["SLUICEGATE_DATABASE_URL"] = self.database_url
         env["SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS"] = self.bootstrap
         if self._broker is not None:
@@ -122,11 +123,50 @@ class Stack:
                 for i in range(self.workers)
             ),
         ]
+        self._give_metrics_ports()
         for child in self._children:
             await self._spawn(child)
         await self._wait_api_ready()
         for child in engines:
             await self._wait_healthy(child)
+        stack_info.write_info(self.settings.data_dir, self.info())
+
+    def _give_metrics_ports(self) -> None:
+        """Each role but the API (which serves /metrics itself) on a loopback port of its
+        own: consecutive from ``metrics_port`` when that is set, else free ones. It keeps
+        the port across its restarts."""
+        base = self.settings.metrics_port
+        roles = [c for c in self._children if c.role != "api" and not _is_engine(c)]
+        for i, child in enumerate(roles):
+            port = base + i if base is not None else free_port()
+            child.env["SLUICEGATE_METRICS_PORT"] = str(port)
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Where each role's Prometheus metrics are scraped."""
+        urls = {"api": f"{self.api_url}/metrics"}
+        for child in self._children:
+            if (port := child.env.get("SLUICEGATE_METRICS_PORT")) is not None:
+                urls[child.role] = f"http://127.0.0.1:{port}/metrics"
+        return urls
+
+    def urls(self) -> list[tuple[str, str]]:
+        """(what, where) for the banner: the API, each role's metrics, the logs."""
+        rows = [("API", self.api_url)]
+        rows += [(f"{role} metrics", url) for role, url in self.metrics_urls().items()]
+        rows.append(("logs", str(self.log_dir) if self.log_dir else "this terminal"))
+        return rows
+
+    def info(self) -> dict[str, Any]:
+        """What ``data_dir/stack.json`` says while the stack runs (``stack_info``)."""
+        return {
+            "pid": os.getpid(),
+            "api": self.api_url,
+            "database": self.database_url,
+            "kafka": self.bootstrap,
+            "metrics": self.metrics_urls(),
+            "logs": str(self.log_dir) if self.log_dir else None,
+            "data_dir": str(self.settings.data_dir),
+        }
 
     def _engine_children(self) -> list[Child]:
         if self.engine != "llamacpp":
@@ -266,6 +306,7 @@ class Stack:
     async def stop(self) -> None:
         """SIGTERM every process, give them time to drain, then stop the services. The
         engine servers go last: a draining worker still finishes its jobs on them."""
+        stack_info.remove_info(self.settings.data_dir)
         for group in (
             [c for c in self._children if not _is_engine(c)],
             [c for c in self._children if _is_engine(c)],

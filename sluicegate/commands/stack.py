@@ -1,0 +1,215 @@
+"""``sluicegate up`` and ``sluicegate demo``: the local stack, one per data directory."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from producers import demo
+from producers.outbox import OutboxStore
+from producers.tenancy import KeyStore
+from schemas import constants
+from sluicegate import local_key, models
+from sluicegate.db import make_engine
+from sluicegate.embedded import EmbeddedError
+from sluicegate.lock import DataDirLock, StackRunning, stop_orphans
+from sluicegate.process import configure_logging, run_until_signal
+from sluicegate.samples import sample_documents
+from sluicegate.settings import Settings
+from sluicegate.stack import Stack, StartFailed
+
+
+def run(settings: Settings, args: argparse.Namespace) -> None:
+    configure_logging(settings)
+    if args.command == "up":
+        engine = _engine(settings, args.engine or settings.engine)
+        workers = _workers(args.workers, engine)
+        _run_stack(settings, lambda stop, lock: _up(settings, engine, workers, lock, stop))
+        return
+    engine = _engine(settings, args.engine or _demo_engine(settings))
+    workers = _workers(args.workers, engine, at_least=1)
+    docs = _demo_documents(settings, args.dir)
+    _run_stack(settings, lambda stop, lock: _demo(settings, engine, workers, docs, lock, stop))
+
+
+def _demo_documents(settings: Settings, directory: Path | None) -> list[tuple[str, str]]:
+    if directory is None:
+        return sample_documents()
+    if not directory.exists():
+        sys.exit(f"no such folder: {directory}")
+    docs, skipped = demo.read_documents([directory], max_bytes=settings.max_input_bytes)
+    for skip in skipped:
+        print(f"skipped {skip.name}: {skip.message}", file=sys.stderr)
+    if not docs:
+        sys.exit(f"no documents to summarize in {directory}")
+    return docs
+
+
+async def _local_key(stack: Stack) -> str | None:
+    """With keys on, the key this machine's clients use: made once, kept in data_dir."""
+    settings = stack.settings
+    if settings.auth != "api_key":
+        return None
+    if (key := local_key.read_key(settings)) is not None:
+        return key
+    db = make_engine(stack.database_url, pool_size=1)
+    try:
+        key = await KeyStore(db).create(constants.DEFAULT_TENANT, name="local stack")
+    finally:
+        await db.dispose()
+    local_key.write_key(settings, key)
+    return key
+
+
+def _run_stack(
+    settings: Settings, main: Callable[[asyncio.Event, DataDirLock], Awaitable[None]]
+) -> None:
+    """Run a stack on the data directory, which it holds (one stack a directory); a process
+    that could not start is one line, not a traceback."""
+    lock = DataDirLock(settings.data_dir)
+    try:
+        left = lock.acquire(api_url=f"http://{settings.api_host}:{settings.api_port}")
+    except StackRunning as exc:
+        sys.exit(str(exc))
+    try:
+        if stopped := stop_orphans(left):
+            print(f"stopped {len(stopped)} processes a dead stack left running", file=sys.stderr)
+        run_until_signal(lambda stop: main(stop, lock))
+    except (StartFailed, EmbeddedError) as exc:
+        sys.exit(f"sluicegate could not start: {exc}")
+    finally:
+        lock.release()
+
+
+def _workers(count: int | None, engine: str, at_least: int = 0) -> int:
+    """The workers to run: one per llama.cpp server (each server uses every core)."""
+    if count is None:
+        return 1 if engine == "llamacpp" else 2
+    if count < at_least:
+        sys.exit(f"--workers must be at least {at_least}")
+    return count
+
+
+def model_file(settings: Settings) -> Path:
+    return settings.llamacpp_model_path or models.model_path(settings.data_dir)
+
+
+def _demo_engine(settings: Settings) -> str:
+    """The real model when it is here, else the simulator (with a word on how to get it)."""
+    if "engine" in settings.model_fields_set:
+        return settings.engine
+    if model_file(settings).is_file():
+        return "llamacpp"
+    print(
+        "no model pulled: the demo runs on the simulator "
+        "(run `sluicegate model pull` once for real summaries)",
+        file=sys.stderr,
+    )
+    return "sim"
+
+
+def _engine(settings: Settings, engine: str) -> str:
+    """The engine, checked: llamacpp needs the model file (never fetched here)."""
+    if engine == "llamacpp" and not (model := model_file(settings)).is_file():
+        sys.exit(f"no model at {model}: run `sluicegate model pull` first")
+    return engine
+
+
+async def _redispatch(stack: Stack) -> None:
+    """An in-memory broker started empty: give every unfinished job a new dispatch record."""
+    db = make_engine(stack.database_url, pool_size=1)
+    try:
+        store = OutboxStore(db, dispatch_topic=stack.settings.dispatch_topic)
+        await store.redispatch_unfinished()
+        await store.reset_ends()  # the recorded partition ends index the lost log too
+    finally:
+        await db.dispose()
+
+
+async def _start(stack: Stack) -> str | None:
+    """Start everything; returns the local API key (None without keys)."""
+    stack.on_fresh_broker = lambda: _redispatch(stack)
+    await stack.start_services()
+    key = await _local_key(stack)
+    if stack.fresh_broker:
+        await _redispatch(stack)
+    await stack.start_processes()
+    return key
+
+
+async def _up(
+    settings: Settings, engine: str, workers: int, lock: DataDirLock, stop: asyncio.Event
+) -> None:
+    stack = Stack(settings, workers=workers, engine=engine, lock=lock)
+    console = Console()
+    try:
+        key = await _start(stack)
+        console.print(banner(stack, key), highlight=False)
+        await stack.supervise(stop)
+    finally:
+        await stack.stop()
+        console.print("sluicegate stopped")
+
+
+def banner(stack: Stack, key: str | None) -> str:
+    """Where everything is: the API, the key, each role's metrics, logs and data."""
+    settings = stack.settings
+    where = local_key.key_file(settings) if key and not settings.api_key else "settings"
+    rows = [
+        ("API", f"{stack.api_url}  (docs: {stack.api_url}/docs)"),
+        ("API key", str(where) if key else "off (auth = tenant_header)"),
+        ("database", stack.database_url),
+        ("kafka", stack.bootstrap),
+        ("workers", f"{stack.workers}, engine {engine_line(stack)}"),
+        *((label, url) for label, url in stack.urls() if label != "API"),
+        ("data", str(settings.data_dir)),
+    ]
+    width = max(len(label) for label, _ in rows) + 2
+    lines = [f"  {label.ljust(width)}{value}" for label, value in rows]
+    return "\n".join(
+        ["[bold]sluicegate is up[/bold]", *lines, "Ctrl-C or SIGTERM stops everything."]
+    )
+
+
+def engine_line(stack: Stack) -> str:
+    if stack.engine == "llamacpp":
+        return f"llamacpp: {model_file(stack.settings).name} on llama.cpp " + " ".join(
+            stack.engine_urls
+        )
+    return stack.engine
+
+
+async def _demo(
+    settings: Settings,
+    engine: str,
+    workers: int,
+    docs: list[tuple[str, str]],
+    lock: DataDirLock,
+    stop: asyncio.Event,
+) -> None:
+    stack = Stack(
+        settings, workers=workers, engine=engine, lock=lock, log_dir=settings.data_dir / "logs"
+    )
+    console = Console()
+    try:
+        with console.status("starting the local stack (PostgreSQL, broker, API, workers)"):
+            key = await _start(stack)
+        console.print(f"engine: {engine_line(stack)}")
+        run = asyncio.ensure_future(
+            demo.run_demo(stack.api_url, docs, console=console, api_key=key)
+        )
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([run, stopper], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not run.done():
+            run.cancel()
+            raise SystemExit(130)
+        jobs = run.result()
+        console.print(f"{len(jobs)} jobs terminal; logs in {settings.data_dir / 'logs'}")
+    finally:
+        await stack.stop()
