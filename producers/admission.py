@@ -78,6 +78,8 @@ class Policy:
     retry_min_s: float
     retry_max_s: float
     lag_interval_s: float
+    # A backlog nothing left for this long, with no job running, is said to have no worker.
+    stall_s: float = 10.0
 
     @classmethod
     def of(cls, s: Settings) -> Policy:
@@ -95,6 +97,7 @@ class Policy:
             retry_min_s=s.retry_after_min_s,
             retry_max_s=s.retry_after_max_s,
             lag_interval_s=s.lag_interval_s,
+            stall_s=s.no_worker_after_s,
         )
 
     def thresholds(self, priority: Priority) -> tuple[int, int]:
@@ -211,12 +214,13 @@ class AdmissionController:
         try:
             self._check_deadline(lag, max_tokens, deadline, now, ahead=jobs - 1)
             if lag.lag + jobs > refuse_from:
-                drain = lag.drain_time_s(lag.lag + jobs - refuse_from)
+                if self.consumes_nothing(lag):
+                    raise self._over(lag, "lag_hard", refuse_from - jobs, max_tokens)
                 raise Refused(
                     "lag_hard",
                     f"the batch's {jobs} jobs on top of a lag of {lag.lag} would pass "
                     f"{refuse_from}",
-                    retry_after_s=self._clamp(self._policy.retry_max_s if drain is None else drain),
+                    retry_after_s=self.retry_after_s(lag, lag.lag + jobs - refuse_from, max_tokens),
                     lag=lag.lag,
                 )
         except Refused:
@@ -237,7 +241,7 @@ class AdmissionController:
         self._take(tenant, tokens, lag)
         try:
             self._check_deadline(lag, max_tokens, deadline, now)
-            return await self._check_lag(lag, priority)
+            return await self._check_lag(lag, priority, max_tokens)
         except Refused:
             self._limits.give_back(tenant, tokens)
             raise
@@ -300,6 +304,8 @@ class AdmissionController:
         """``ahead``: jobs of the same request queued before the last one (a batch)."""
         if not self._policy.deadline_aware:
             return
+        if self._policy.measured_after > 0 and self._token_time_s is None:
+            return  # the speed is not measured yet: nothing is refused on this ground
         wait_s = lag.drain_time_s(max(0, lag.lag - self._running) + ahead)
         if wait_s is None:
             return  # no drain measured yet: no prediction to refuse on
@@ -314,7 +320,7 @@ class AdmissionController:
                 lag=lag.lag,
             )
 
-    async def _check_lag(self, lag: LagSnapshot, priority: Priority) -> Admitted:
+    async def _check_lag(self, lag: LagSnapshot, priority: Priority, max_tokens: int) -> Admitted:
         p = self._policy
         block_from, refuse_from = self.thresholds_now(priority)
         if lag.lag < block_from:
@@ -324,12 +330,12 @@ class AdmissionController:
         if priority is not Priority.HIGH:
             self._throttled = True  # leave only once lag is below the hysteresis band
         if lag.lag >= refuse_from:
-            raise self._over(lag, "lag_hard", block_from)
+            raise self._over(lag, "lag_hard", block_from, max_tokens)
         if p.mode == "reject":
-            raise self._over(lag, "lag_soft", block_from)
+            raise self._over(lag, "lag_soft", block_from, max_tokens)
         if self._blocked >= p.max_blocked:
-            raise self._over(lag, "too_many_blocked", block_from)
-        return await self._block(priority)
+            raise self._over(lag, "too_many_blocked", block_from, max_tokens)
+        return await self._block(priority, max_tokens)
 
     def thresholds_now(self, priority: Priority) -> tuple[int, int]:
         """Thresholds with hysteresis: while throttled, resume only well below soft."""
@@ -338,7 +344,7 @@ class AdmissionController:
             block_from = math.floor(block_from * (1 - self._policy.hysteresis))
         return block_from, refuse_from
 
-    async def _block(self, priority: Priority) -> Admitted:
+    async def _block(self, priority: Priority, max_tokens: int) -> Admitted:
         self._blocked += 1
         BLOCKED.set(self._blocked)
         started = time.monotonic()
@@ -348,12 +354,13 @@ class AdmissionController:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     lag = self._known()
-                    raise self._over(lag, "block_timeout", self.thresholds_now(priority)[0])
+                    target = self.thresholds_now(priority)[0]
+                    raise self._over(lag, "block_timeout", target, max_tokens)
                 await self._monitor.next_update(limit_s=left)
                 lag = self._known()
                 block_from, refuse_from = self.thresholds_now(priority)
                 if lag.lag >= refuse_from:
-                    raise self._over(lag, "lag_hard", block_from)
+                    raise self._over(lag, "lag_hard", block_from, max_tokens)
                 if lag.lag < block_from:
                     self._throttled = False
                     return Admitted(blocked_s=time.monotonic() - started)
@@ -361,16 +368,36 @@ class AdmissionController:
             self._blocked -= 1
             BLOCKED.set(self._blocked)
 
-    def _over(self, lag: LagSnapshot, reason: str, target: int) -> Refused:
-        excess = max(lag.lag - target, 1)
-        drain = lag.drain_time_s(excess)
-        retry = self._policy.retry_max_s if drain is None else drain
+    def _over(self, lag: LagSnapshot, reason: str, target: int, max_tokens: int) -> Refused:
+        if self.consumes_nothing(lag):
+            return Refused(
+                reason,
+                f"the worker group is {lag.lag:,} jobs behind, and none has left the queue for "
+                f"{lag.stalled_s:.0f} s with no job running: is any worker running? (start one "
+                "with `sluicegate worker`, or `sluicegate up --workers N`)",
+                retry_after_s=self._policy.retry_max_s,
+                lag=lag.lag,
+            )
         return Refused(
             reason,
-            f"the worker group is {lag.lag} jobs behind",
-            retry_after_s=self._clamp(retry),
+            f"the worker group is {lag.lag:,} jobs behind",
+            retry_after_s=self.retry_after_s(lag, max(lag.lag - target, 1), max_tokens),
             lag=lag.lag,
         )
+
+    def consumes_nothing(self, lag: LagSnapshot) -> bool:
+        """A backlog nothing has left for ``stall_s`` while no job runs: no worker consumes."""
+        return lag.lag > 0 and self._running == 0 and lag.stalled_s >= self._policy.stall_s
+
+    def retry_after_s(self, lag: LagSnapshot, excess: int, max_tokens: int) -> float:
+        """Seconds until ``excess`` jobs have drained: at the measured drain rate μ; before
+        μ is measured, at the rate the running jobs would end if each took ``max_tokens`` at
+        the static speed (a prior); with nothing running and nothing measured, the most."""
+        drain = lag.drain_time_s(excess)
+        if drain is None and self._running > 0:
+            per_job_s = max_tokens * self._policy.token_time_s
+            drain = excess * per_job_s / self._running
+        return self._clamp(self._policy.retry_max_s if drain is None else drain)
 
     def _clamp(self, seconds: float) -> float:
         return min(max(seconds, self._policy.retry_min_s), self._policy.retry_max_s)

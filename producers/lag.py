@@ -63,6 +63,9 @@ class LagSnapshot:
     age_s: float
     # Why the last reading failed: "database_unavailable" or "broker_unavailable".
     cause: str | None = None
+    # Seconds for which there was a backlog and nothing left it (0 while it moves or is
+    # empty): a long stall with no job running means no worker consumes.
+    stalled_s: float = 0.0
 
     def drain_time_s(self, records: int) -> float | None:
         """Seconds to drain ``records`` at μ; None when μ is unknown or zero."""
@@ -116,6 +119,7 @@ class LagMonitor:
         self._unpublished = 0
         self._per_partition: dict[int, int] = {}
         self._total = 0
+        self._moved_at: float | None = None  # the last reading with no backlog or a drain
         # Called as a reading starts; its value is kept as ``mark`` once the reading lands,
         # so that a caller can count what it did after the reading began.
         self.marker: Callable[[], int] = lambda: 0
@@ -146,6 +150,10 @@ class LagMonitor:
             if drained > 0 or backlog > 0:
                 self._mu = self._smooth(self._mu, max(drained, 0) / dt)
             self._lambda = self._smooth(self._lambda, max(arrived, 0) / dt)
+            if drained > 0:
+                self._moved_at = now
+        if self._moved_at is None or not any(per_partition.values()):
+            self._moved_at = now
         self._ends, self._read_at = dict(ends), now
         self._unpublished = unpublished
         self._per_partition = per_partition
@@ -179,6 +187,7 @@ class LagMonitor:
             arrival_rate=self._lambda,
             age_s=age,
             cause=self._cause,
+            stalled_s=0.0 if self._moved_at is None else self._read_at - self._moved_at,
         )
 
     async def next_update(self, limit_s: float | None = None) -> None:

@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     expected_token_time_s: float = Field(default=0.02, ge=0)
     retry_after_min_s: float = Field(default=1.0, gt=0)
     retry_after_max_s: float = Field(default=60.0, gt=0)
+    # A refusal for lag says that no worker consumes when the backlog has not moved for
+    # this long and no job is running.
+    no_worker_after_s: float = Field(default=10.0, gt=0)
     # Per-tenant limits; None: unlimited.
     tenant_rpm: int | None = Field(default=None, ge=1)
     tenant_tpm: int | None = Field(default=None, ge=1)

@@ -320,3 +320,59 @@ async def test_a_refused_batch_gives_back_the_tenant_budget() -> None:
         admit_batch(c, 20, tokens=40)  # 800 tokens taken, then refused on lag
     c._monitor, _ = monitor_at(0)
     admit_batch(c, 20, tokens=40)
+
+
+async def test_before_the_speed_is_measured_no_deadline_is_refused_on_a_guess() -> None:
+    # A fresh stack: nothing timed yet. 500 tokens at the static 0.01 s is 5 s, over a 3 s
+    # deadline, but that figure is a guess: the job is admitted (the worker drops it if it
+    # cannot make it). With deadline_speed=static the guess is the rule and it is refused.
+    measured = controller(0, replace(POLICY, measured_after=8))
+    assert await admit(measured, ttl_s=3, max_tokens=500) == 0.0
+    measured.observe(flow(timed=8, token_time_s=0.01))
+    assert (await refusal(measured, ttl_s=3, max_tokens=500)).reason == "deadline_unreachable"
+    static = controller(0, replace(POLICY, measured_after=0))
+    assert (await refusal(static, ttl_s=3, max_tokens=500)).reason == "deadline_unreachable"
+
+
+def cold(lag: int) -> AdmissionController:
+    """A controller whose monitor has read ``lag`` twice and seen nothing drain."""
+    clock = FakeClock()
+    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=5.0, clock=clock, smoothing=1)
+    monitor.update({0: lag}, {0: 0})
+    clock.t = 1.0
+    monitor.update({0: lag}, {0: 0})
+    return AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+
+
+async def test_before_the_drain_rate_is_measured_retry_after_comes_from_the_running_jobs() -> None:
+    c = cold(250)
+    c.running_jobs(4)
+    refused = await refusal(c, max_tokens=100)
+    # 150 jobs over the resume level (100), 4 running at 100 tokens x 0.01 s: 37.5 s.
+    assert refused.reason == "lag_hard"
+    assert refused.retry_after_s == pytest.approx(150 * 1.0 / 4)
+    c.running_jobs(0)  # nothing known to drain: the most
+    assert (await refusal(c, max_tokens=100)).retry_after_s == POLICY.retry_max_s
+
+
+def stalled(lag: int, stalled_s: float) -> AdmissionController:
+    clock = FakeClock()
+    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=60.0, clock=clock, smoothing=1)
+    monitor.update({0: lag}, {0: 0})
+    clock.t = stalled_s
+    monitor.update({0: lag}, {0: 0})
+    return AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+
+
+async def test_a_backlog_nothing_consumes_is_said_plainly() -> None:
+    refused = await refusal(stalled(250, stalled_s=12.0))
+    assert refused.reason == "lag_hard"  # the code a client keys on does not change
+    assert "is any worker running?" in str(refused)
+    assert "none has left the queue for 12 s" in str(refused)
+    assert refused.retry_after_s == POLICY.retry_max_s
+
+    young = await refusal(stalled(250, stalled_s=3.0))  # not long enough to say so
+    assert "worker running" not in str(young)
+    busy = stalled(250, stalled_s=12.0)
+    busy.running_jobs(2)  # long jobs on a worker: it is alive
+    assert "worker running" not in str(await refusal(busy))

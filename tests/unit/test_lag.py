@@ -75,3 +75,20 @@ def test_open_drain_rate_counts_jobs_that_end_before_the_commit_moves() -> None:
     # The commit point jumps past them and 10 more end: only those 10 are new.
     m.update({0: 100}, {0: 20}, open={0: 80})
     assert m.snapshot().drain_rate == 10
+
+
+def test_a_backlog_that_does_not_move_is_stalled() -> None:
+    clock = FakeClock()
+    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=60.0, clock=clock)
+    monitor.update({0: 0}, {0: 0})
+    clock.t = 1.0
+    monitor.update({0: 50}, {0: 0})  # 50 arrive, none leave
+    clock.t = 9.0
+    monitor.update({0: 50}, {0: 0})
+    assert monitor.snapshot().stalled_s == 9.0  # since the last reading that was empty
+    clock.t = 10.0
+    monitor.update({0: 50}, {0: 10})  # ten left: it moves
+    assert monitor.snapshot().stalled_s == 0.0
+    clock.t = 15.0
+    monitor.update({0: 50}, {0: 50})  # empty: nothing to be stalled on
+    assert monitor.snapshot().stalled_s == 0.0
