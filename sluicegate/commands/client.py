@@ -21,7 +21,7 @@ from sluicegate.settings import Settings
 
 INPUT, PARTIAL, REFUSED, UNREACHABLE, INTERRUPTED = 2, 3, 4, 5, 130
 # summarize waits out refusals a retry can turn into a success (each wait is said).
-SUMMARIZE_RETRY = RetryPolicy(max_attempts=30)
+SUMMARIZE_ATTEMPTS = 30
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
@@ -144,7 +144,7 @@ async def _summarize(
         console.print(refusal_line(refusal, wait_s), highlight=False, markup=False)
 
     async with SluicegateClient(
-        api_url, api_key=key, retry=SUMMARIZE_RETRY, on_wait=waiting
+        api_url, api_key=key, retry=RetryPolicy(max_attempts=SUMMARIZE_ATTEMPTS), on_wait=waiting
     ) as client:
         return await summarize(client, args.source, options, console)
 
