@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import codecs
+import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
@@ -82,7 +83,9 @@ async def _guarded(
     await asyncio.wait([run, stopped], return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
     if not run.done():
-        run.cancel()
+        run.cancel()  # its progress display stops before the last line is said
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await run
         again = "run the same command again to resume" if resumable else "stopped"
         console.print(f"interrupted: {again}", highlight=False)
         return
