@@ -12,7 +12,9 @@ from schemas.api import ErrorResponse
 HEADERS: dict[str, dict[str, Any]] = {
     "Retry-After": {
         "description": "Seconds to wait before trying again. A refusal (429, 503): the lag "
-        "over the resume level divided by the measured drain rate, clamped to "
+        "over the resume level divided by the measured drain rate (before it is measured, "
+        "by the rate the running jobs end at the static speed; retry_after_max_s when "
+        "nothing is known to drain it or no worker takes jobs), clamped to "
         "[retry_after_min_s, retry_after_max_s]; a 503 of the database: "
         f"{DATABASE_RETRY_AFTER_S}. A job not ended yet: when a poll may see a change.",
         "schema": {"type": "integer"},

@@ -137,8 +137,10 @@ class Stack:
         the port across its restarts."""
         base = self.settings.metrics_port
         roles = [c for c in self._children if c.role != "api" and not _is_engine(c)]
+        taken = {self.settings.api_port, *(_port_of(url) for url in self.engine_urls)}
         for i, child in enumerate(roles):
-            port = base + i if base is not None else free_port()
+            port = base + i if base is not None else _free_port_besides(taken)
+            taken.add(port)
             child.env["SLUICEGATE_METRICS_PORT"] = str(port)
 
     def metrics_urls(self) -> dict[str, str]:
@@ -336,6 +338,18 @@ class Stack:
 
 def _is_engine(child: Child) -> bool:
     return child.role.startswith(f"{ENGINE_ROLE}-")
+
+
+def _port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _free_port_besides(taken: set[int]) -> int:
+    """A free loopback port none of the stack's other processes was given (two asks of the
+    kernel for a free port can get the same one, as nothing holds it in between)."""
+    while (port := free_port()) in taken:
+        pass
+    return port
 
 
 def _llamacpp_env(url: str) -> dict[str, str]:

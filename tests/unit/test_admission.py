@@ -271,13 +271,14 @@ def admit_batch(
     priority: Priority = Priority.NORMAL,
     ttl_s: float = 3600,
     tokens: int = 20,
+    max_tokens: int = 10,
 ) -> None:
     c.admit_batch(
         tenant="t",
         priority=priority,
         jobs=jobs,
         tokens=tokens * jobs,
-        max_tokens=10,
+        max_tokens=max_tokens,
         deadline=NOW + timedelta(seconds=ttl_s),
         now=NOW,
     )
@@ -328,10 +329,15 @@ async def test_before_the_speed_is_measured_no_deadline_is_refused_on_a_guess() 
     # cannot make it). With deadline_speed=static the guess is the rule and it is refused.
     measured = controller(0, replace(POLICY, measured_after=8))
     assert await admit(measured, ttl_s=3, max_tokens=500) == 0.0
+    admit_batch(measured, 5, ttl_s=3, max_tokens=500)  # a batch alike
     measured.observe(flow(timed=8, token_time_s=0.01))
     assert (await refusal(measured, ttl_s=3, max_tokens=500)).reason == "deadline_unreachable"
+    with pytest.raises(Refused, match="exceeds"):
+        admit_batch(measured, 5, ttl_s=3, max_tokens=500)
     static = controller(0, replace(POLICY, measured_after=0))
     assert (await refusal(static, ttl_s=3, max_tokens=500)).reason == "deadline_unreachable"
+    with pytest.raises(Refused, match="exceeds"):
+        admit_batch(static, 5, ttl_s=3, max_tokens=500)
 
 
 def cold(lag: int) -> AdmissionController:
