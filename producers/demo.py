@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from producers.client import RetryPolicy, SluicegateClient
-from producers.documents import Document, Skipped, read_document, read_folder
+from producers.documents import Skipped, read_path
 from schemas.api import JobView
 from schemas.jobs import JobKind
 
@@ -37,16 +37,9 @@ def read_documents(
     found: list[tuple[str, str]] = []
     skipped: list[Skipped] = []
     for path in paths:
-        if path.is_dir():
-            folder = read_folder(path, max_bytes=max_bytes)
-            found.extend((d.name, d.text) for d in folder.documents)
-            skipped.extend(folder.skipped)
-            continue
-        doc = read_document(path, str(path), max_bytes)
-        if isinstance(doc, Document):
-            found.append((doc.name, doc.text))
-        else:
-            skipped.append(doc)
+        folder = read_path(path, str(path), max_bytes=max_bytes)
+        found.extend((d.name, d.text) for d in folder.documents)
+        skipped.extend(folder.skipped)
     return found, skipped
 
 

@@ -9,6 +9,7 @@ bytes are skipped as ``undecodable`` unless an ``encoding`` is given for the who
 from __future__ import annotations
 
 import codecs
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,14 +48,27 @@ def files_in(directory: Path) -> list[Path]:
 
 
 def read_folder(directory: Path, *, max_bytes: int, encoding: str | None = None) -> Folder:
+    return _folder(
+        read_document(path, path.relative_to(directory).as_posix(), max_bytes, encoding)
+        for path in files_in(directory)
+    )
+
+
+def read_path(path: Path, name: str, *, max_bytes: int, encoding: str | None = None) -> Folder:
+    """A folder's documents, or one file (called ``name``) as a folder of one."""
+    if path.is_dir():
+        return read_folder(path, max_bytes=max_bytes, encoding=encoding)
+    return _folder([read_document(path, name, max_bytes, encoding)])
+
+
+def _folder(found: Iterable[Document | Skipped]) -> Folder:
     documents: list[Document] = []
     skipped: list[Skipped] = []
-    for path in files_in(directory):
-        found = read_document(path, path.relative_to(directory).as_posix(), max_bytes, encoding)
-        if isinstance(found, Document):
-            documents.append(found)
+    for item in found:
+        if isinstance(item, Document):
+            documents.append(item)
         else:
-            skipped.append(found)
+            skipped.append(item)
     return Folder(documents, skipped)
 
 

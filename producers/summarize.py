@@ -17,15 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from producers.documents import (
-    DOCUMENT_SUFFIXES,
-    Document,
-    Folder,
-    Skipped,
-    decode,
-    read_document,
-    read_folder,
-)
+from producers.documents import DOCUMENT_SUFFIXES, Folder, Skipped, decode, read_path
 
 SUMMARIZE_URL = "/v1/summarize"
 
@@ -67,13 +59,7 @@ def build_requests(
 
 
 def _read(path: Path, max_bytes: int, encoding: str | None) -> Folder:
-    """A folder's documents, or one document file as a folder of one."""
-    if path.is_file():
-        found = read_document(path, path.name, max_bytes, encoding)
-        if isinstance(found, Document):
-            return Folder([found], [])
-        return Folder([], [found])
-    folder = read_folder(path, max_bytes=max_bytes, encoding=encoding)
+    folder = read_path(path, path.name, max_bytes=max_bytes, encoding=encoding)
     if not folder.documents and not folder.skipped:
         raise InputError(f"no .txt or .md files under {path}")
     return folder

@@ -64,7 +64,7 @@ def span(seconds: float) -> str:
 
 
 class Rate:
-    """Ended jobs per second over the last ``RATE_WINDOW_S``, and the ETA it gives."""
+    """Ended jobs per second over the last ``RATE_WINDOW_S``."""
 
     def __init__(self) -> None:
         self._samples: deque[tuple[float, int]] = deque()
@@ -82,10 +82,6 @@ class Rate:
         if t1 - t0 < ETA_AFTER_S or d1 <= d0:
             return None
         return (d1 - d0) / (t1 - t0)
-
-    def eta_s(self, left: int) -> float | None:
-        rate = self.per_s()
-        return None if rate is None else left / rate
 
 
 class Report:

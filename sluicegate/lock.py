@@ -98,7 +98,7 @@ def stop_orphans(pids: Iterable[int]) -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + ORPHAN_GRACE_S
-    while time.monotonic() < deadline and any(_alive(pid) for pid in ours):
+    while time.monotonic() < deadline and any(alive(pid) for pid in ours):
         time.sleep(0.1)
     for pid in ours:
         with contextlib.suppress(ProcessLookupError):
@@ -106,7 +106,8 @@ def stop_orphans(pids: Iterable[int]) -> list[int]:
     return ours
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

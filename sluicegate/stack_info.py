@@ -1,13 +1,15 @@
 """Where a running local stack is: ``data_dir/stack.json``, written by ``sluicegate up`` once
 its processes run and removed when it stops, so that clients on this machine find its API
-and ``sluicegate keys`` its database. Standard library only: clients import it at start."""
+and ``sluicegate keys`` its database. Cheap to import (the standard library and
+``sluicegate.lock``): clients import it at start."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from sluicegate.lock import alive
 
 INFO_FILE = "stack.json"
 
@@ -39,12 +41,4 @@ def read_info(data_dir: Path) -> dict[str, Any] | None:
 
 
 def _alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return isinstance(pid, int) and pid > 0 and alive(pid)
