@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import OUT_DIR
-from sluicegate.embedded import free_port
+from sluicegate.local.embedded import free_port
 
 OUT = OUT_DIR / "cli_start.json"
 TARGET_S = 0.5

@@ -21,13 +21,13 @@ from fastapi import FastAPI
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.sql.elements import KeyedColumnElement
 
-from producers.api import create_app
+from producers.api.app import create_app
 from producers.service import run_relay
 from schemas.states import TERMINAL_STATES
 from sluicegate import migrate
 from sluicegate.db import make_engine
-from sluicegate.embedded import EmbeddedBroker, EmbeddedPostgres
 from sluicegate.kafka import ensure_topics
+from sluicegate.local.embedded import EmbeddedBroker, EmbeddedPostgres
 from sluicegate.settings import Settings
 from workers.service import run_worker
 

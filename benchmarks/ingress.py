@@ -51,7 +51,7 @@ from typing import Any
 
 from benchmarks.harness import OUT_DIR, bench_settings, percentile, services, write_report
 from schemas.constants import M_SUBMIT_GROUP as SUBMIT_GROUP
-from sluicegate.embedded import free_port
+from sluicegate.local.embedded import free_port
 from sluicegate.samples import sample_documents
 from sluicegate.settings import Settings
 

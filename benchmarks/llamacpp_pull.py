@@ -36,8 +36,8 @@ from benchmarks.harness import OUT_DIR, TERMINAL, Bench, pipeline, services, wri
 from benchmarks.harness import job_rows as rows_of
 from benchmarks.plot import plot_llamacpp_pull
 from schemas.tables import jobs
-from sluicegate import models
-from sluicegate.embedded import free_port
+from sluicegate.local import model as models
+from sluicegate.local.embedded import free_port
 from sluicegate.samples import sample_documents
 from sluicegate.settings import Settings
 

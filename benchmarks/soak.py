@@ -64,7 +64,7 @@ from schemas import constants
 from schemas.envelopes import JobEvent
 from schemas.tables import jobs, outbox, webhook_deliveries
 from sluicegate.db import make_engine
-from sluicegate.embedded import free_port
+from sluicegate.local.embedded import free_port
 from sluicegate.settings import Settings
 
 OUT = OUT_DIR / "soak.json"

@@ -11,10 +11,10 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import start_http_server
 
-from producers.api import create_app
-from producers.outbox import OutboxStore
-from producers.reconciler import LogReader, Reconciler
-from producers.relay import OutboxRelay
+from producers.api.app import create_app
+from producers.outbox.reconciler import LogReader, Reconciler
+from producers.outbox.relay import OutboxRelay
+from producers.outbox.repository import OutboxStore
 from sluicegate.db import make_engine
 from sluicegate.settings import Settings
 

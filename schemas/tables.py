@@ -73,7 +73,7 @@ jobs = Table(
     Column("custom_id", Text, nullable=True),
     # Where the job's latest dispatch record lies: the log (the broker cluster's id), the
     # partition and the offset the broker acknowledged. The reconciler compares them with
-    # the broker's log to find records that are gone (producers/reconciler.py).
+    # the broker's log to find records that are gone (producers/outbox/reconciler.py).
     Column("dispatch_log", Text, nullable=True),
     Column("dispatch_partition", Integer, nullable=True),
     Column("dispatch_offset", BigInteger, nullable=True),

@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     max_wait_s: float = Field(default=60.0, gt=0)
     # On SIGTERM, how long the API lets open requests (waits included) finish.
     api_shutdown_timeout_s: int = Field(default=5, ge=1)
-    # Group commit of single submits (producers/group_commit.py): concurrent POST /v1/jobs
+    # Group commit of single submits (producers/jobs/group_commit.py): concurrent POST /v1/jobs
     # are stored by one statement, one transaction, each answered after its commit. A group
     # is written at once when no other is being written; else when it holds
     # submit_batch_max submits, or submit_batch_wait_ms after its first, and one of the
@@ -123,7 +123,7 @@ class Settings(BaseSettings):
     relay_batch_size: int = Field(default=500, ge=1)
     relay_idle_poll_s: float = Field(default=1.0, gt=0)
     relay_send_timeout_s: float = Field(default=15.0, gt=0)
-    # The reconciler (in the relay process, producers/reconciler.py) compares each job's
+    # The reconciler (in the relay process, producers/outbox/reconciler.py) compares each job's
     # dispatch record position with the broker's log this often and dispatches again the
     # jobs whose record is gone: the bound on how long such a job waits.
     reconcile_interval_s: float = Field(default=15.0, gt=0)
@@ -204,7 +204,7 @@ class Settings(BaseSettings):
     llamacpp_temperature: float = Field(default=0.2, ge=0)
     llamacpp_repeat_penalty: float = Field(default=1.2, ge=1)
 
-    # Webhooks (workers/webhooks.py, docs/webhooks.md)
+    # Webhooks (workers/webhooks/app.py, docs/webhooks.md)
     # The dispatcher's consumer group on the events topic (its faust app id).
     webhook_group: str = "sluicegate-webhooks"
     # Seconds before each attempt, the first one included; each wait is drawn uniformly

@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sluicegate import migrate
 from sluicegate.db import libpq_url, make_engine
-from sluicegate.embedded import EmbeddedBroker, EmbeddedPostgres
 from sluicegate.kafka import ensure_topics
+from sluicegate.local.embedded import EmbeddedBroker, EmbeddedPostgres
 from sluicegate.settings import Settings
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate import models
+from sluicegate.local import model as models
 from sluicegate.settings import Settings
 
 

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from schemas.envelopes import DispatchEnvelope
 from sluicegate.aio import wait_first
 from sluicegate.kafka import cluster_id
-from workers.dead_letters import record_subject
+from workers.dead_letter_store import record_subject
 from workers.execution import Executor, Progress
 from workers.gate import Drop, PullGate
 from workers.metrics import DEAD_LETTERED, DROPPED, JOBS_RUNNING, PAUSED_SECONDS

@@ -18,7 +18,7 @@ from schemas.envelopes import JobEvent
 from schemas.jobs import JobKind
 from schemas.states import CLAIMABLE_STATES, JobState
 from schemas.tables import jobs, outbox
-from workers.dead_letters import set_aside
+from workers.dead_letter_store import set_aside
 from workers.gate import Candidate, Drop
 
 Judge = Callable[[Candidate], Drop | None]

@@ -14,9 +14,10 @@ from typing import Any
 from rich.console import Console
 
 from producers.client import ApiError, RetryPolicy, SluicegateClient, Unreachable
-from producers.summarize import InputError
+from producers.summarize.requests import InputError
 from schemas.errors import SluicegateError
-from sluicegate import local_key, stack_info
+from sluicegate.local import info as stack_info
+from sluicegate.local import key as local_key
 from sluicegate.process import run_until_signal
 from sluicegate.settings import Settings
 
@@ -131,7 +132,7 @@ def _detail(detail: object) -> str:
 async def _summarize(
     settings: Settings, api_url: str, key: str | None, args: argparse.Namespace, console: Console
 ) -> int:
-    from producers.summarize_run import Options, refusal_line, summarize
+    from producers.summarize.run import Options, refusal_line, summarize
 
     options = Options(
         window=args.deadline,

@@ -10,8 +10,8 @@ import sys
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from producers.tenancy import KeyStore
-from sluicegate import stack_info
 from sluicegate.db import make_engine
+from sluicegate.local import info as stack_info
 from sluicegate.settings import Settings
 
 

@@ -7,13 +7,14 @@ import argparse
 import sys
 
 from producers import service
-from sluicegate import migrate, models
+from sluicegate import migrate
+from sluicegate.local import model as models
 from sluicegate.process import configure_logging, run_until_signal
 from sluicegate.settings import MissingSetting, Settings
 from workers.engines import llamacpp_server, sim_server
 from workers.engines.errors import EngineError
 from workers.service import build_sim_engine, run_worker
-from workers.webhooks import run_webhooks
+from workers.webhooks.app import run_webhooks
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:

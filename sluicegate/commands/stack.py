@@ -11,17 +11,18 @@ from pathlib import Path
 from rich.console import Console
 
 from producers import demo
-from producers.outbox import OutboxStore
+from producers.outbox.repository import OutboxStore
 from producers.tenancy import KeyStore
 from schemas import constants
-from sluicegate import local_key, models
 from sluicegate.db import make_engine
-from sluicegate.embedded import EmbeddedError
-from sluicegate.lock import DataDirLock, StackRunning, stop_orphans
+from sluicegate.local import key as local_key
+from sluicegate.local import model as models
+from sluicegate.local.embedded import EmbeddedError
+from sluicegate.local.lock import DataDirLock, StackRunning, stop_orphans
+from sluicegate.local.stack import Stack, StartFailed
 from sluicegate.process import configure_logging, run_until_signal
 from sluicegate.samples import sample_documents
 from sluicegate.settings import Settings
-from sluicegate.stack import Stack, StartFailed
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from schemas.jobs import JobKind
-from sluicegate.embedded import free_port
+from sluicegate.local.embedded import free_port
 from tests.llamacpp import bundled_model
 from tests.unit.test_gate import envelope as dispatch_envelope
 from workers.engines.base import GenerationRequest

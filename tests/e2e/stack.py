@@ -15,7 +15,7 @@ from typing import IO
 import httpx
 import psutil
 
-from sluicegate.embedded import free_port
+from sluicegate.local.embedded import free_port
 
 STARTUP_S = 90
 

@@ -15,7 +15,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas import constants
-from sluicegate.embedded import free_port
+from sluicegate.local.embedded import free_port
 from sluicegate.samples import sample_documents
 from tests.e2e.stack import RunningStack, wait_terminal
 

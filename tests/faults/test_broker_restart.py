@@ -16,8 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from schemas.states import TERMINAL_STATES
 from schemas.tables import outbox
-from sluicegate.embedded import EmbeddedBroker
 from sluicegate.kafka import ensure_topics
+from sluicegate.local.embedded import EmbeddedBroker
 from sluicegate.settings import Settings
 from tests.faults.processes import roles
 from tests.faults.test_worker_kill import DOC, _terminal_event, states, until

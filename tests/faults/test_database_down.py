@@ -13,7 +13,7 @@ import pytest
 
 from sluicegate import migrate
 from sluicegate.db import make_engine
-from sluicegate.embedded import EmbeddedPostgres
+from sluicegate.local.embedded import EmbeddedPostgres
 from sluicegate.settings import Settings
 from tests.faults.processes import roles
 from tests.faults.test_worker_kill import DOC, states, until

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from schemas.envelopes import JobEvent
 from schemas.states import TERMINAL_STATES, JobState
 from schemas.tables import jobs, outbox
-from sluicegate.embedded import free_port
+from sluicegate.local.embedded import free_port
 from sluicegate.settings import Settings
 from tests.faults.processes import Role, Roles, jobs_running, roles
 from tests.faults.test_worker_kill import DOC, states, until

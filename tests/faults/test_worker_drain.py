@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from schemas.states import TERMINAL_STATES
-from sluicegate.embedded import free_port
+from sluicegate.local.embedded import free_port
 from sluicegate.settings import Settings
 from tests.faults.processes import jobs_running, roles
 from tests.faults.test_worker_kill import DOC, states, until

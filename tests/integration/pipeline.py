@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 
-from producers.api import create_app
+from producers.api.app import create_app
 from sluicegate.settings import Settings
 
 TERMINAL = {"succeeded", "failed", "expired", "cancelled", "abandoned"}

@@ -13,7 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers.api import create_app
+from producers.api.app import create_app
 from sluicegate.settings import Settings
 
 

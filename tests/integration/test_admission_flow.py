@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import func, select
 
-from producers.lag import KafkaLagSource, LagMonitor, Reading
-from producers.repository import JobRepository
+from producers.jobs.repository import JobRepository
+from producers.lag.monitor import KafkaLagSource, LagMonitor, Reading
 from producers.service import run_relay
 from schemas.tables import jobs
 from sluicegate.db import make_engine

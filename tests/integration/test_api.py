@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers.api import create_app
+from producers.api.app import create_app
 from schemas.tables import jobs, outbox
 from sluicegate.db import make_engine
 from sluicegate.settings import Settings

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers.api import create_app
+from producers.api.app import create_app
 from schemas.tables import batches, jobs, outbox
 from sluicegate.settings import Settings
 from tests.integration.serving import serve, serving

@@ -10,8 +10,8 @@ from sqlalchemy import select
 from producers.service import run_relay
 from schemas.tables import outbox
 from sluicegate.db import make_engine
-from sluicegate.embedded import EmbeddedBroker
 from sluicegate.kafka import ensure_topics
+from sluicegate.local.embedded import EmbeddedBroker
 from sluicegate.settings import Settings
 from tests.integration.pipeline import open_pipeline
 from workers.service import run_worker

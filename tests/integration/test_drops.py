@@ -12,8 +12,8 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-from producers.api import create_app
-from producers.repository import JobRepository
+from producers.api.app import create_app
+from producers.jobs.repository import JobRepository
 from producers.service import run_relay
 from schemas.errors import JobAlreadyTerminal
 from schemas.states import JobState

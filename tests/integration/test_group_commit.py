@@ -13,8 +13,8 @@ from sqlalchemy import event, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers.group_commit import GroupCommit
-from producers.repository import JobRepository
+from producers.jobs.group_commit import GroupCommit
+from producers.jobs.repository import JobRepository
 from schemas.errors import IdempotencyConflict
 from schemas.jobs import JobKind, NewJob, Priority
 from schemas.tables import jobs, outbox

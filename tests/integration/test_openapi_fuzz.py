@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers.api import create_app
+from producers.api.app import create_app
 from sluicegate.settings import Settings
 
 TENANT = {"X-Sluicegate-Tenant": "fuzz"}

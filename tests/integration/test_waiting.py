@@ -19,8 +19,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from producers.api import create_app
-from producers.waiting import Waiters, WaitersFull
+from producers.api.app import create_app
+from producers.api.waiting import Waiters, WaitersFull
 from sluicegate.db import libpq_url
 from sluicegate.settings import Settings
 from tests.integration.serving import post_then_hang_up, serving, until

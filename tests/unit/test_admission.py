@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from producers.admission import AdmissionController, Policy, Refused
-from producers.lag import LagMonitor, Reading
-from producers.ratelimit import TenantLimits
-from producers.repository import Flow
+from producers.admission.controller import AdmissionController, Policy, Refused
+from producers.admission.ratelimit import TenantLimits
+from producers.jobs.repository import Flow
+from producers.lag.monitor import LagMonitor, Reading
 from schemas.batches import BatchTooLarge
 from schemas.jobs import Priority
 

@@ -1,4 +1,4 @@
-"""docs/api.md is what ``python -m producers.apidoc`` makes of the app now, and it lists every
+"""docs/api.md is what ``python -m tools.apidoc`` makes of the app now, and it lists every
 error code the code defines."""
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from producers import admission, apidoc, errors
-from producers.ratelimit import TenantLimits
+from producers.admission import controller as admission
+from producers.admission.ratelimit import TenantLimits
+from producers.api import errors
 from schemas import reasons
 from schemas.errors import SluicegateError
+from tools import apidoc
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where a code is written as a literal: a class's code, a handler's answer, a refusal.
@@ -39,7 +41,7 @@ def documented(api_md: str) -> set[str]:
 
 def test_api_md_is_generated_from_the_app(api_md: str) -> None:
     assert api_md == apidoc.render(), (
-        "docs/api.md is stale: run `python -m producers.apidoc --write` and commit it"
+        "docs/api.md is stale: run `python -m tools.apidoc --write` and commit it"
     )
 
 
@@ -72,8 +74,9 @@ def test_every_error_class_code_is_documented(api_md: str) -> None:
 
 
 def test_every_literal_code_is_documented(api_md: str) -> None:
-    """A cross-check of the tables in producers/errors.py and producers/admission.py: every
-    code written as a literal where an answer is made is in docs/api.md."""
+    """A cross-check of the tables in producers/api/errors.py and
+    producers/admission/controller.py: every code written as a literal where an answer is made
+    is in docs/api.md."""
     found: dict[str, str] = {}
     for room in ("schemas", "producers"):
         for path in sorted((ROOT / room).rglob("*.py")):

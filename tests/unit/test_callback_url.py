@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from producers.submission import new_job
+from producers.jobs.submission import new_job
 from schemas.api import SubmitJob
 from schemas.jobs import JobKind
 from schemas.webhooks import InvalidCallbackUrl, check_callback_url

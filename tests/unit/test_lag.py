@@ -1,4 +1,4 @@
-from producers.lag import LagMonitor
+from producers.lag.monitor import LagMonitor
 from tests.unit.test_admission import FakeClock, NoSource
 
 

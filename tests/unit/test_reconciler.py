@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from producers.reconciler import LogView
+from producers.outbox.reconciler import LogView
 
 VIEW = LogView(log="A", first={0: 10}, end={0: 50}, exact_end=True, committed={0: 30})
 

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from producers.webhook_repository import new_secret
-from workers.signing import signed_headers
+from producers.webhooks.repository import new_secret
+from workers.webhooks.signing import signed_headers
 
 BODY = '{"type":"job.succeeded","timestamp":"2026-01-01T00:00:00Z","data":{"id":"j"}}'
 

@@ -6,7 +6,7 @@ from ipaddress import ip_network
 
 import pytest
 
-from workers.ssrf import AddressPolicy
+from workers.webhooks.ssrf import AddressPolicy
 
 POLICY = AddressPolicy()
 

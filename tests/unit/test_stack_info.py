@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from sluicegate import stack_info
+from sluicegate.local import info as stack_info
+from sluicegate.local.stack import Child, Stack
 from sluicegate.settings import Settings
-from sluicegate.stack import Child, Stack
 
 
 def stack_of(tmp_path: Path, workers: int = 2, **settings: Any) -> Stack:
@@ -52,7 +52,7 @@ def test_two_asks_for_a_free_port_that_get_the_same_one_give_two_ports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     answers = iter([8123, 5000, 5000, 5001, 5001, 5002, 5003])  # the kernel may repeat itself
-    monkeypatch.setattr("sluicegate.stack.free_port", lambda: next(answers))
+    monkeypatch.setattr("sluicegate.local.stack.free_port", lambda: next(answers))
     stack = stack_of(tmp_path, api_port=8123)
     assert ports(stack) == {"relay": 5000, "webhooks": 5001, "worker-1": 5002, "worker-2": 5003}
 
@@ -76,7 +76,7 @@ async def test_an_inherited_metrics_port_is_a_base_and_each_child_keeps_its_own(
         spawned.append(env)
         return Started()
 
-    monkeypatch.setattr("sluicegate.stack.asyncio.create_subprocess_exec", exec_)
+    monkeypatch.setattr("sluicegate.local.stack.asyncio.create_subprocess_exec", exec_)
     stack = stack_of(tmp_path)
     api, relay, webhooks = stack._children[:3]
     for child in (relay, relay, webhooks, api):  # the relay twice: a restart

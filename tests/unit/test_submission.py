@@ -3,7 +3,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from producers.submission import (
+from producers.jobs.submission import (
     DeadlineInPast,
     DeadlineTooFar,
     InputTooLarge,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from producers.documents import Skipped
-from producers.summarize import (
+from producers.summarize.documents import Skipped
+from producers.summarize.requests import (
     InputError,
     Resume,
     Written,

@@ -11,8 +11,8 @@ from ipaddress import ip_network
 import httpx
 import pytest
 
-from workers.ssrf import AddressPolicy
-from workers.webhook_http import WebhookClient
+from workers.webhooks.http import WebhookClient
+from workers.webhooks.ssrf import AddressPolicy
 
 DNS = {
     "hooks.example.com": ["93.184.215.14"],

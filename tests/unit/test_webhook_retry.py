@@ -8,7 +8,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from workers.webhook_retry import Answer, Outcome, RetrySchedule, judge, parse_retry_after
+from workers.webhooks.retry import Answer, Outcome, RetrySchedule, judge, parse_retry_after
 
 SPEC = RetrySchedule(
     steps_s=(0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0),

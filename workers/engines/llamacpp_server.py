@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sluicegate import models
+from sluicegate.local import model as models
 from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -102,5 +102,5 @@ def test_the_metric_catalog_is_the_codes() -> None:
     assert series[constants.M_ADMISSIONS] == {"outcome", "reason"}
     assert constants.M_JOB_SECONDS + "_bucket" in series
     assert constants.M_LAG in series
-    assert "sluicegate_webhook_attempts_total" in series  # workers/webhook_dispatch.py
+    assert "sluicegate_webhook_attempts_total" in series  # workers/webhooks/dispatch.py
     assert not any(name.startswith("vllm:") for name in series)

@@ -1,0 +1,3 @@
+"""Admission: the controller (block, reject, deadline-aware), rate limits, size limits and
+Little's law.
+"""

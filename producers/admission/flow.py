@@ -1,0 +1,41 @@
+"""Little's law on one panel: λ·W beside the measured number of jobs in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from sqlalchemy.exc import DBAPIError
+
+from producers.jobs.repository import Flow, JobRepository
+from producers.lag.monitor import LagMonitor
+from producers.metrics import IN_FLIGHT, LATENCY_W, LITTLE_L
+from sluicegate.aio import wait_first
+
+log = logging.getLogger(__name__)
+
+FLOW_INTERVAL_S = 2.0
+
+
+async def report_flow(
+    repo: JobRepository,
+    monitor: LagMonitor,
+    stop: asyncio.Event,
+    on_flow: Callable[[Flow], None] | None = None,
+) -> None:
+    """Every FLOW_INTERVAL_S: in-flight jobs and W as metrics, and the reading to
+    ``on_flow`` (the admission controller's queue and service estimates)."""
+    while not stop.is_set():
+        try:
+            flow = await repo.flow()
+        except (DBAPIError, OSError) as exc:
+            log.warning("flow metrics unavailable: %r", exc)
+        else:
+            IN_FLIGHT.set(flow.in_flight)
+            if on_flow is not None:
+                on_flow(flow)
+            if flow.mean_latency_s is not None:
+                LATENCY_W.set(flow.mean_latency_s)
+                LITTLE_L.set((monitor.snapshot().arrival_rate or 0.0) * flow.mean_latency_s)
+        await wait_first(stop, limit_s=FLOW_INTERVAL_S)

@@ -1,0 +1,1 @@
+"""The HTTP API: an app factory that only wires, and one router per resource."""

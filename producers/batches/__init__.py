@@ -1,0 +1,1 @@
+"""Batches: the JSON and JSONL input, the batch service and its SQL."""

@@ -1,0 +1,196 @@
+"""Turn a POST /v1/batches body (JSON, a JSONL upload, or raw JSONL) into a NewBatch.
+
+Every line is checked before anything is stored; a batch with any bad line is refused
+whole (422 ``invalid_batch``, the bad lines listed by number), so nothing partial is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from producers.batches.repository import BatchRequest, NewBatch
+from schemas.batches import (
+    DEFAULT_WINDOW,
+    MAX_ERRORS_SHOWN,
+    BatchTooLarge,
+    CreateBatch,
+    InvalidBatch,
+    InvalidCompletionWindow,
+    InvalidJsonl,
+    RequestLine,
+    line_job,
+    window_seconds,
+)
+from schemas.errors import InvalidRequest, SluicegateError
+from schemas.jobs import Priority, utf8_length
+from schemas.webhooks import check_callback_url
+from sluicegate.settings import Settings
+
+
+def jsonl_lines(data: bytes) -> list[Any]:
+    """The JSON values of a JSONL document (blank lines skipped)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidJsonl(f"the file is not UTF-8 (byte {exc.start})") from None
+    values = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            values.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise InvalidJsonl(
+                f"line {number} is not JSON: {exc.msg}", details=[{"line": number}]
+            ) from None
+        except RecursionError:
+            raise InvalidJsonl(
+                f"line {number} is not JSON: nested too deeply", details=[{"line": number}]
+            ) from None
+    return values
+
+
+def _problem(number: int, custom_id: object, code: str, message: str) -> dict[str, Any]:
+    return {"line": number, "custom_id": custom_id, "code": code, "message": message}
+
+
+def _validation_message(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"{where}: {first['msg']}" if where else str(first["msg"])
+
+
+def _check_input(text: str, max_tokens: int, settings: Settings) -> None:
+    if not text.strip():
+        raise InvalidRequest("the input is blank")
+    if utf8_length(text) > settings.max_input_bytes:
+        raise InvalidRequest(f"the input is over the limit of {settings.max_input_bytes} bytes")
+    if max_tokens > settings.max_tokens_limit:
+        raise InvalidRequest(f"max_tokens is over the limit of {settings.max_tokens_limit}")
+
+
+def requests_of(values: list[Any], settings: Settings) -> tuple[str, list[BatchRequest]]:
+    """The batch's endpoint (every line must name the same url, as in OpenAI's Batch API)
+    and its requests; InvalidBatch lists every bad line (the first few in ``details``)."""
+    if not values:
+        raise InvalidBatch("the batch has no requests")
+    if len(values) > settings.max_batch_requests:
+        raise BatchTooLarge(
+            f"a batch holds at most {settings.max_batch_requests} requests, not {len(values)}"
+        )
+    problems: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    endpoint: str | None = None
+    requests = []
+    for number, value in enumerate(values, start=1):
+        custom_id = value.get("custom_id") if isinstance(value, dict) else None
+        try:
+            line = RequestLine.model_validate(value)
+            kind, text, max_tokens = line_job(line)
+            _check_input(text, max_tokens, settings)
+        except ValidationError as exc:
+            problems.append(
+                _problem(number, custom_id, "invalid_request", _validation_message(exc))
+            )
+            continue
+        except (ValueError, SluicegateError) as exc:
+            problems.append(_problem(number, custom_id, "invalid_request", str(exc)))
+            continue
+        if line.custom_id in seen:
+            problems.append(
+                _problem(number, custom_id, "duplicate_custom_id", "custom_id is used twice")
+            )
+            continue
+        seen.add(line.custom_id)
+        endpoint = endpoint or line.url
+        if line.url != endpoint:
+            message = f"every line must name the same url ({endpoint}), not {line.url}"
+            problems.append(_problem(number, custom_id, "mixed_urls", message))
+            continue
+        requests.append(
+            BatchRequest(custom_id=line.custom_id, kind=kind, input=text, max_tokens=max_tokens)
+        )
+    if problems:
+        raise InvalidBatch(
+            f"{len(problems)} of {len(values)} request lines are invalid; nothing was stored",
+            details=problems[:MAX_ERRORS_SHOWN],
+        )
+    assert endpoint is not None
+    return endpoint, requests
+
+
+def _request_hash(body: CreateBatch) -> str:
+    try:
+        parts = body.model_dump()
+        canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    except RecursionError:  # parsed just under the parser's depth, too deep to encode
+        raise InvalidRequest("the batch is nested too deeply") from None
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def new_batch(
+    body: CreateBatch,
+    *,
+    tenant: str,
+    idempotency_key: str | None,
+    now: datetime,
+    settings: Settings,
+) -> NewBatch:
+    window_s = window_seconds(body.completion_window)
+    if window_s > settings.max_ttl_s:
+        raise InvalidCompletionWindow(
+            f"completion_window is over the limit of {settings.max_ttl_s:g} s"
+        )
+    if body.callback_url is not None:
+        check_callback_url(body.callback_url)
+    endpoint, requests = requests_of(body.requests, settings)
+    return NewBatch(
+        tenant=tenant,
+        endpoint=endpoint,
+        completion_window=body.completion_window,
+        deadline=now + timedelta(seconds=window_s),
+        priority=Priority(body.priority),
+        callback_url=body.callback_url,
+        metadata=body.metadata,
+        idempotency_key=idempotency_key,
+        request_hash=_request_hash(body) if idempotency_key else None,
+        requests=requests,
+    )
+
+
+def create_body(
+    requests: list[Any],
+    *,
+    completion_window: str | None = None,
+    metadata: str | None = None,
+    callback_url: str | None = None,
+    priority: str | None = None,
+) -> CreateBatch:
+    """A CreateBatch from an uploaded file's lines and form or query fields."""
+    fields: dict[str, Any] = {
+        "requests": requests,
+        "completion_window": completion_window or DEFAULT_WINDOW,
+    }
+    if metadata:
+        try:
+            fields["metadata"] = json.loads(metadata)
+        except (json.JSONDecodeError, RecursionError):
+            raise InvalidRequest("metadata must be a JSON object of strings") from None
+    if callback_url:
+        fields["callback_url"] = callback_url
+    if priority:
+        fields["priority"] = priority
+    return parse_create(fields)
+
+
+def parse_create(value: Any) -> CreateBatch:
+    try:
+        return CreateBatch.model_validate(value)
+    except ValidationError as exc:
+        details = exc.errors(include_url=False, include_context=False, include_input=False)
+        raise InvalidRequest(_validation_message(exc), details=details) from None

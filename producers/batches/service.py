@@ -1,0 +1,250 @@
+"""Batches in the API (OpenAI Batch format): create, read, list, results, cancel.
+
+POST /v1/batches takes the requests as JSON (``{"requests": [...], ...}``), as an uploaded
+JSONL file (multipart/form-data, field ``file``, options as form fields), or as a raw
+JSONL body (``application/jsonl`` or ``application/x-ndjson``, options in the query). A
+batch is admitted whole or refused whole, and written in one round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+
+from producers.admission.controller import AdmissionController
+from producers.api import openapi
+from producers.batches.input import create_body, jsonl_lines, new_batch, parse_create
+from producers.batches.repository import BatchStore
+from producers.metrics import SUBMITTED
+from producers.tenancy import Tenant
+from schemas import constants
+from schemas.batches import (
+    BatchList,
+    BatchView,
+    CreateBatch,
+    InvalidMultipart,
+    UnsupportedMediaType,
+    result_line,
+)
+from schemas.errors import BatchNotFound, InvalidJson, InvalidRequest
+from schemas.jobs import estimate_tokens
+from sluicegate.settings import Settings
+
+DEFAULT_PAGE = 20
+MAX_PAGE = 100
+RESULTS_CHUNK = 500
+JSONL = "application/jsonl"
+JSONL_TYPES = (JSONL, "application/x-ndjson", "application/json-lines")
+
+_ERRORS = openapi.errors(400, 401, 404, 408, 409, 413, 415, 422, 429, 503)
+_OPTIONS = {
+    "completion_window": {"type": "string", "default": "24h"},
+    "metadata": {"type": "string", "description": "a JSON object of strings"},
+    "callback_url": {"type": "string"},
+    "priority": {"type": "string", "enum": ["low", "normal", "high"]},
+}
+_REQUEST_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": CreateBatch.model_json_schema()},
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["file"],
+                "properties": {
+                    "file": {"type": "string", "format": "binary"},
+                    **_OPTIONS,
+                },
+            }
+        },
+        JSONL: {"schema": {"type": "string", "description": "OpenAI Batch input lines"}},
+    },
+}
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=_ERRORS)
+
+
+def _store(request: Request) -> BatchStore:
+    store: BatchStore = request.app.state.batches
+    return store
+
+
+def _batch_id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise BatchNotFound(f"no batch {value}") from None
+
+
+async def _body(request: Request) -> CreateBatch:
+    """The batch from whichever of the three forms the request is in."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media == "application/json":
+        try:
+            value = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise InvalidJson("the body is not valid JSON") from None
+        except RecursionError:
+            raise InvalidJson("the body is not valid JSON: nested too deeply") from None
+        return parse_create(value)
+    if media == "multipart/form-data":
+        try:
+            form = await request.form(max_files=1, max_fields=8)
+        except HTTPException as exc:
+            if exc.status_code != 400:  # a body over its limit, or too slow
+                raise
+            raise InvalidMultipart(f"the multipart body cannot be read: {exc.detail}") from None
+        try:
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                raise InvalidRequest("the upload has no file field")
+            lines = jsonl_lines(await upload.read())
+            options = {k: form.get(k) for k in _OPTIONS}
+        finally:
+            await form.close()
+        if any(v is not None and not isinstance(v, str) for v in options.values()):
+            raise InvalidRequest("form fields other than file must be text")
+        return create_body(lines, **{k: v for k, v in options.items() if isinstance(v, str)})
+    if media in JSONL_TYPES:
+        lines = jsonl_lines(await request.body())
+        return create_body(lines, **{k: request.query_params.get(k) for k in _OPTIONS})
+    raise UnsupportedMediaType(
+        "send application/json, multipart/form-data (a JSONL file) or application/jsonl"
+    )
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=BatchView,
+    summary="Create a batch from OpenAI Batch request lines",
+    responses={
+        201: {"headers": openapi.headers("Location")},
+        200: {
+            "model": BatchView,
+            "description": "An idempotent replay",
+            "headers": openapi.headers("Location", constants.HEADER_IDEMPOTENT_REPLAY),
+        },
+    },
+    openapi_extra={"requestBody": _REQUEST_BODY},
+)
+async def create_batch(
+    request: Request,
+    tenant: Tenant,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias=constants.HEADER_IDEMPOTENCY_KEY,
+            max_length=255,
+            description="A replay with the same key (and the same request) answers what the "
+            "first stored; with a different request, 409 idempotency_key_reused",
+        ),
+    ] = None,
+) -> JSONResponse:
+    """Admitted whole (201) or refused whole (429/503 with Retry-After, 413 when it can
+    never fit); an idempotent replay answers 200 with the batch stored first."""
+    settings: Settings = request.app.state.settings
+    body = await _body(request)
+    now = datetime.now(UTC)
+    new = new_batch(
+        body, tenant=tenant, idempotency_key=idempotency_key, now=now, settings=settings
+    )
+    admission: AdmissionController = request.app.state.admission
+    admission.admit_batch(
+        tenant=tenant,
+        priority=new.priority,
+        jobs=len(new.requests),
+        tokens=sum(estimate_tokens(r.input) + r.max_tokens for r in new.requests),
+        max_tokens=max(r.max_tokens for r in new.requests),
+        deadline=new.deadline,
+        now=now,
+    )
+    jobs = len(new.requests)
+    try:
+        view, created = await _store(request).create(new)
+    except BaseException:
+        admission.withdrawn(jobs)
+        raise
+    headers = {"Location": f"/v1/batches/{view.id}"}
+    if created:
+        admission.settled(jobs)
+        for kind, n in Counter(r.kind.value for r in new.requests).items():
+            SUBMITTED.labels(kind=kind, priority=new.priority.value).inc(n)
+    else:
+        admission.withdrawn(jobs)
+        headers[constants.HEADER_IDEMPOTENT_REPLAY] = "true"
+    return JSONResponse(
+        view.model_dump(mode="json"), status_code=201 if created else 200, headers=headers
+    )
+
+
+@router.get("", response_model=BatchList, summary="List the caller's batches, newest first")
+async def list_batches(
+    request: Request,
+    tenant: Tenant,
+    after: Annotated[uuid.UUID | None, Query(description="next_after of the last page")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+) -> BatchList:
+    page, more = await _store(request).page(
+        tenant, after=str(after) if after else None, limit=limit
+    )
+    return BatchList(data=page, next_after=page[-1].id if more else None)
+
+
+@router.get("/{batch_id}", response_model=BatchView, summary="Read a batch")
+async def get_batch(batch_id: str, request: Request, tenant: Tenant) -> BatchView:
+    """OpenAI's batch object, with the jobs counted by state (``counts``)."""
+    return await _store(request).get(tenant, _batch_id(batch_id))
+
+
+@router.get(
+    "/{batch_id}/results",
+    summary="Read a batch's results as OpenAI Batch output lines",
+    response_class=StreamingResponse,
+    responses={200: {"content": {JSONL: {}}, "description": "OpenAI Batch output lines"}},
+)
+async def batch_results(
+    batch_id: str,
+    request: Request,
+    tenant: Tenant,
+    after: Annotated[
+        uuid.UUID | None, Query(description="the sluicegate.job_id of the last line read")
+    ] = None,
+) -> StreamingResponse:
+    """OpenAI Batch output, one line per request in submission order, up to the first
+    request that has not ended yet. Pass the last line's ``sluicegate.job_id`` as
+    ``after`` to go on from there: a finished batch gives every line in one call."""
+    store = _store(request)
+    owned = _batch_id(batch_id)
+    endpoint = await store.endpoint(tenant, owned)  # 404 before the stream starts
+
+    async def lines() -> AsyncIterator[bytes]:
+        cursor = str(after) if after else None
+        while True:
+            run = await store.finished_run(owned, after=cursor, limit=RESULTS_CHUNK)
+            if run:
+                yield "".join(
+                    json.dumps(result_line(endpoint, job), separators=(",", ":")) + "\n"
+                    for job in run
+                ).encode()
+                cursor = run[-1].id
+            if len(run) < RESULTS_CHUNK:
+                return
+
+    return StreamingResponse(lines(), media_type=JSONL)
+
+
+@router.post("/{batch_id}/cancel", response_model=BatchView, summary="Cancel a batch")
+async def cancel_batch(batch_id: str, request: Request, tenant: Tenant) -> BatchView:
+    """Cancel every job of the batch that has not ended (running ones are aborted within
+    a decode step); 409 ``batch_terminal`` once the batch has completed or expired."""
+    return await _store(request).cancel(tenant, _batch_id(batch_id))

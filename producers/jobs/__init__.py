@@ -1,0 +1,1 @@
+"""Jobs: submit validation, their SQL, the group-committed insert and the status view."""

@@ -1,0 +1,1 @@
+"""The transactional outbox: its SQL, the relay that publishes it and the reconciler."""

@@ -1,0 +1,126 @@
+"""The outbox relay: the only writer to the dispatch topic.
+
+It wakes on the outbox trigger's NOTIFY (with a slow fallback poll), publishes unpublished
+rows in id order, waits for the broker's acknowledgement of every record, and only then marks
+the rows published. A crash between the two re-publishes; workers treat a repeated dispatch
+record as a redelivery, never as a second job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from sqlalchemy.exc import DBAPIError
+
+from producers.metrics import RELAY_PUBLISHED
+from producers.outbox.repository import Acked, OutboxRow, OutboxStore
+from schemas import constants
+from sluicegate.aio import wait_first
+from sluicegate.db import libpq_url
+from sluicegate.kafka import close_client, cluster_id, ensure_topics, make_producer
+from sluicegate.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 5.0
+
+
+class OutboxRelay:
+    def __init__(self, settings: Settings, store: OutboxStore) -> None:
+        self._settings = settings
+        self._store = store
+        self._producer: AIOKafkaProducer | None = None
+        self._wake = asyncio.Event()
+        self._listener: asyncpg.Connection | None = None
+        self._log: str | None = None  # the broker cluster's id: which log the records go to
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = 0.1
+        try:
+            while not stop.is_set():
+                await self._listen()
+                self._wake.clear()
+                try:
+                    await self._connect()
+                    published = await self._store.publish_batch(
+                        self._settings.relay_batch_size, self._publish
+                    )
+                except (KafkaError, TimeoutError, OSError, DBAPIError) as exc:
+                    log.warning("relay: publish failed, retrying in %.1fs: %r", backoff, exc)
+                    await self._disconnect()
+                    await wait_first(stop, limit_s=backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    continue
+                backoff = 0.1
+                if published < self._settings.relay_batch_size:
+                    await wait_first(stop, self._wake, limit_s=self._settings.relay_idle_poll_s)
+        finally:
+            await self._disconnect()
+            await self._unlisten()
+
+    async def _connect(self) -> AIOKafkaProducer:
+        """Topics first, then a producer: a producer that sends to a missing topic makes the
+        broker auto-create it (aiokafka always allows that), with the broker's defaults."""
+        if self._producer is None:
+            s = self._settings
+            await ensure_topics(
+                s.require_kafka(), s.topic_partitions(), replication_factor=s.replication_factor
+            )
+            self._log = await cluster_id(s.require_kafka())
+            producer = make_producer(s.require_kafka(), idempotent=s.kafka_idempotent_producer)
+            try:
+                await producer.start()
+            except BaseException:
+                await close_client(producer)
+                raise
+            self._producer = producer
+        return self._producer
+
+    async def _disconnect(self) -> None:
+        """Drop the producer and whatever it still holds: after an outage, nothing may be
+        sent before the topics are known to exist again."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await close_client(producer)
+
+    async def _publish(self, rows: list[OutboxRow]) -> list[Acked]:
+        producer = await self._connect()
+        async with asyncio.timeout(self._settings.relay_send_timeout_s):
+            futures = [
+                await producer.send(row.topic, row.payload, key=row.key.encode()) for row in rows
+            ]
+            metadata = await asyncio.gather(*futures)
+        for row in rows:
+            RELAY_PUBLISHED.labels(topic=row.topic).inc()
+        return [
+            Acked(topic=m.topic, partition=m.partition, offset=m.offset, log=self._log)
+            for m in metadata
+        ]
+
+    async def _listen(self) -> None:
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        try:
+            self._listener = await asyncpg.connect(
+                libpq_url(self._settings.require_database_url()), timeout=5
+            )
+            await self._listener.add_listener(constants.OUTBOX_CHANNEL, self._notified)
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            log.warning("relay: LISTEN unavailable, polling: %r", exc)
+            self._listener = None
+        else:
+            self._wake.set()  # rows may have arrived while we were not listening
+
+    async def _unlisten(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close(timeout=2)
+            self._listener = None
+
+    def _notified(self, *_: object) -> None:
+        self._wake.set()

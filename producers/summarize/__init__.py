@@ -1,0 +1,3 @@
+"""``sluicegate summarize``: documents read from disk, batch requests built from them, the run
+and its progress.
+"""

@@ -1,0 +1,1 @@
+"""The webhook API: delivery history and signing secrets."""

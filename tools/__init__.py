@@ -1,0 +1,1 @@
+"""Generators for the docs (run from the repository root; not shipped)."""
