@@ -1,0 +1,45 @@
+"""Settings of the relay process: the outbox relay and the reconciler."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from sluicegate.settings.base import SettingsGroup
+
+
+class RelaySettings(SettingsGroup):
+    """The outbox relay (`sluicegate relay`), which publishes the rows the API and workers
+    wrote to the outbox, and the reconciler beside it."""
+
+    title: ClassVar[str] = "Relay and reconciler"
+
+    relay_batch_size: int = Field(
+        default=500, ge=1, description="Most outbox rows the relay publishes in one round."
+    )
+    relay_idle_poll_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="With the outbox drained, how long the relay waits for a notice of new "
+        "rows before it looks again anyway.",
+    )
+    relay_send_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="Longest the relay waits for the broker to acknowledge a round's records.",
+    )
+    reconcile_interval_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="How often the reconciler (`producers/outbox/reconciler.py`) compares "
+        "each job's dispatch record position with the broker's log and dispatches again the "
+        "jobs whose record is gone: the bound on how long such a job waits.",
+    )
+    reconcile_running_after_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="A running job whose record is gone is dispatched again (a new attempt "
+        "that fences the old one) only once its attempt has run this long: its worker may "
+        "still be decoding.",
+    )

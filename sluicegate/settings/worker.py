@@ -1,0 +1,120 @@
+"""Settings of a worker: how it pulls jobs, reserves KV cache and drops unreachable ones."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from sluicegate.settings.base import SettingsGroup
+
+
+class WorkerSettings(SettingsGroup):
+    """A worker process (`sluicegate worker`): its engine, its pull policy, its KV-cache
+    reservations and its pre-decode gate (docs/workers.md)."""
+
+    title: ClassVar[str] = "Workers"
+
+    engine: Literal["sim", "vllm_http", "vllm_local", "llamacpp"] = Field(
+        default="sim",
+        description="The inference engine: `sim` (the simulator, in process), `vllm_http` (a "
+        "`vllm serve` or `sluicegate sim-server` at `vllm_url`), `vllm_local` (an in-process "
+        "vLLM; needs the vllm extra and a GPU) or `llamacpp` (a llama.cpp server at "
+        "`llamacpp_url`).",
+    )
+    pull_policy: Literal["kv", "greedy"] = Field(
+        default="kv",
+        description="How a worker pulls: `kv` starts a job only when the engine's KV cache "
+        "can hold it; `greedy` takes every record it can fetch and lets the engine queue "
+        "(for comparison).",
+    )
+    worker_max_running: int = Field(
+        default=256,
+        ge=1,
+        description="Jobs in flight on one worker at most, whatever the KV cache could hold.",
+    )
+    worker_db_pool_size: int = Field(
+        default=8, ge=1, description="Size of a worker's PostgreSQL connection pool."
+    )
+    worker_max_prefill_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Prompt tokens a worker lets be in prefill at once. About twice the "
+        "engine's `max_num_batched_tokens` keeps its step budget full while pacing refills. "
+        "Unset: no cap.",
+    )
+    kv_watermark: float = Field(
+        default=0.01,
+        ge=0,
+        lt=1,
+        description="Fraction of the KV cache a worker keeps free beyond every reservation "
+        "(vLLM's own scheduler keeps a 1 % watermark too).",
+    )
+    expected_output: Literal["max_tokens", "observed"] = Field(
+        default="max_tokens",
+        description="Output tokens to reserve for a job: its `max_tokens` (`max_tokens`), or "
+        "(`observed`) once enough jobs of its kind finished here, a high quantile of their "
+        "observed output (capped by `max_tokens`).",
+    )
+    observed_quantile: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description="With `expected_output=observed`: the quantile of the observed outputs "
+        "reserved for.",
+    )
+    observed_min_samples: int = Field(
+        default=50,
+        ge=1,
+        description="With `expected_output=observed`: jobs of a kind that must have finished "
+        "here before their outputs are used (until then, `max_tokens`).",
+    )
+    observed_window: int = Field(
+        default=1000,
+        ge=1,
+        description="With `expected_output=observed`: the most recent outputs of each kind "
+        "kept for the quantile.",
+    )
+    worker_fetch_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        description="Bytes a worker's consumer fetches per partition at once (bounds the "
+        "client's prefetch of records it has not taken yet).",
+    )
+    drain_timeout_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="The time a worker whose partitions are revoked (or that stops) has to "
+        "end or abort their running jobs; a job taken over by a newer attempt is claimed "
+        "back if it still runs after this long.",
+    )
+    claim_batch: int = Field(
+        default=64,
+        ge=1,
+        description="Most dispatch records claimed in one transaction (their states looked "
+        "up in one query).",
+    )
+    drop_unreachable: bool = Field(
+        default=True,
+        description="Expire a job before decode when now + its predicted service time (from "
+        "its prompt, its expected output and the engine's measured speed) is past its "
+        "deadline.",
+    )
+    speed_window: int = Field(
+        default=256,
+        ge=1,
+        description="Jobs finished here that the measured speed is the median of.",
+    )
+    speed_min_samples: int = Field(
+        default=8,
+        ge=1,
+        description="Jobs that must have finished before the measured speed is used (by the "
+        "pre-decode gate here, and by the API's deadline-aware admission).",
+    )
+    control_sweep_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="How often a worker re-reads the states of the jobs it runs: catches a "
+        "notice missed while its LISTEN connection was down, and heartbeat leases that "
+        "lapsed.",
+    )

@@ -1,0 +1,188 @@
+"""docs/settings.md, generated from the settings groups (sluicegate/settings/), so that it
+cannot drift from them.
+
+    python -m tools.settingsdoc > docs/settings.md
+    python -m tools.settingsdoc --write     # the same
+    python -m tools.settingsdoc --check     # exit 1 when docs/settings.md is stale
+
+One table per group (``sluicegate.settings.GROUPS``): each field's environment variable, its
+default, the values it takes (its type and constraints) and its meaning (its
+``description``). A default made by a factory (the data directory, which depends on the
+machine) is shown as the factory's docstring, never as this machine's value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import re
+import sys
+import types
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import annotated_types
+from pydantic import IPvAnyNetwork
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined, to_jsonable_python
+
+from sluicegate.settings import GROUPS, Settings, SettingsGroup
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
+PREFIX = str(Settings.model_config.get("env_prefix", ""))
+_BOUNDS = (
+    (annotated_types.Ge, "ge", "≥"),
+    (annotated_types.Gt, "gt", ">"),
+    (annotated_types.Le, "le", "≤"),
+    (annotated_types.Lt, "lt", "<"),
+)
+_KINDS: dict[object, str] = {
+    str: "text",
+    int: "integer",
+    float: "number",
+    bool: "`true` or `false`",
+    Path: "path",
+    IPvAnyNetwork: "CIDR",
+}
+
+
+def env_name(field: str) -> str:
+    return f"{PREFIX}{field}".upper()
+
+
+def _inline(text: str) -> str:
+    """Docstring or description text as one Markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _number(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _bounds(metadata: list[Any]) -> list[str]:
+    found = []
+    for item in metadata:
+        for kind, attr, symbol in _BOUNDS:
+            if isinstance(item, kind):
+                found.append(f"{symbol} {_number(getattr(item, attr))}")
+    return found
+
+
+def _min_length(metadata: list[Any]) -> int | None:
+    for item in metadata:
+        if isinstance(item, annotated_types.MinLen):
+            return int(item.min_length)
+    return None
+
+
+def values(annotation: Any, metadata: list[Any]) -> str:
+    """What a variable may be set to: its type in words, with its constraints."""
+    origin = get_origin(annotation)
+    if origin is Annotated:  # Annotated[float, Ge(0)]
+        inner, *extra = get_args(annotation)
+        return values(inner, [*metadata, *extra])
+    if origin in (Union, types.UnionType):
+        kinds = [a for a in get_args(annotation) if a is not type(None)]
+        return " or ".join(values(a, metadata) for a in kinds)
+    if origin is Literal:
+        return ", ".join(f"`{v}`" for v in get_args(annotation))
+    if origin is tuple:
+        item, *_ = get_args(annotation)
+        text = f"JSON list (items: {values(item, [])})"
+        if (least := _min_length(metadata)) is not None:
+            text += f", at least {least} item" + ("s" if least > 1 else "")
+        return text
+    kind = _KINDS.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    bounds = _bounds(metadata)
+    return f"{kind} {', '.join(bounds)}" if bounds else kind
+
+
+def default(info: FieldInfo) -> str:
+    """The default as it would be written in the environment; a factory's as its docstring."""
+    if info.default_factory is not None:
+        doc = inspect.getdoc(info.default_factory)
+        return _inline(doc) if doc else f"made by `{info.default_factory.__name__}()`"
+    value = info.default
+    if value is PydanticUndefined:
+        return "required"
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{json.dumps(value)}`"
+    if isinstance(value, str):
+        return f"`{value}`" if value else '`""`'
+    if isinstance(value, int | float):
+        return f"`{_number(value)}`"
+    return f"`{json.dumps(to_jsonable_python(value))}`"
+
+
+def _anchor(title: str) -> str:
+    return "#" + re.sub(r"[^a-z0-9_ -]", "", title.lower()).replace(" ", "-")
+
+
+def group_table(group: type[SettingsGroup]) -> list[str]:
+    lines = [
+        f"## {group.title}",
+        "",
+        _inline(inspect.getdoc(group) or ""),
+        "",
+        "| variable | default | values | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, info in group.model_fields.items():
+        lines.append(
+            f"| `{env_name(name)}` | {default(info)} | "
+            f"{_inline(values(info.annotation, list(info.metadata)))} | "
+            f"{_inline(info.description or '')} |"
+        )
+    return [*lines, ""]
+
+
+def render() -> str:
+    out = [
+        "# Settings",
+        "",
+        "<!-- Generated by `python -m tools.settingsdoc --write` from the settings groups in",
+        "sluicegate/settings/; do not edit by hand. A setting changed without regenerating",
+        "fails tests/unit/test_settingsdoc.py. -->",
+        "",
+        f"Every process reads its settings once, at start, from `{PREFIX}*` environment "
+        f"variables: the setting `lag_soft` is `{env_name('lag_soft')}` (names are "
+        "case-insensitive; unknown ones are ignored). A list is written as JSON, e.g. "
+        f"`{env_name('webhook_allow_networks')}='[\"10.1.0.0/16\"]'`. The meanings below "
+        "name other settings by their field name.",
+        "",
+        "| group | settings |",
+        "| --- | --- |",
+    ]
+    for group in GROUPS:
+        out.append(f"| [{group.title}]({_anchor(group.title)}) | {len(group.model_fields)} |")
+    out.append("")
+    for group in GROUPS:
+        out += group_table(group)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.settingsdoc", description=__doc__)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", action="store_true", help=f"write {DOC}")
+    group.add_argument("--check", action="store_true", help=f"exit 1 if {DOC} is stale")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.write:
+        DOC.write_text(text, encoding="utf-8")
+    elif args.check:
+        if not DOC.exists() or DOC.read_text(encoding="utf-8") != text:
+            print(f"{DOC} is stale: run python -m tools.settingsdoc --write", file=sys.stderr)
+            return 1
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
