@@ -232,10 +232,6 @@ class SluicegateClient:
         response = await self._send("GET", f"/v1/batches/{batch_id}")
         return BatchView.model_validate_json(response.content)
 
-    async def cancel_batch(self, batch_id: str) -> BatchView:
-        response = await self._send("POST", f"/v1/batches/{batch_id}/cancel")
-        return BatchView.model_validate_json(response.content)
-
     async def batch_results(
         self, batch_id: str, *, after: str | None = None
     ) -> list[dict[str, Any]]:

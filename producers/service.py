@@ -12,7 +12,8 @@ from fastapi import FastAPI
 from prometheus_client import start_http_server
 
 from producers.api.app import create_app
-from producers.outbox.reconciler import LogReader, Reconciler
+from producers.outbox.log import LogReader
+from producers.outbox.reconciler import Reconciler
 from producers.outbox.relay import OutboxRelay
 from producers.outbox.repository import OutboxStore
 from sluicegate.db import make_engine
@@ -67,7 +68,7 @@ async def run_relay(settings: Settings, stop: asyncio.Event) -> None:
     db = make_engine(settings.require_database_url(), pool_size=2)
     try:
         store = OutboxStore(db, dispatch_topic=settings.dispatch_topic)
-        reconciler = Reconciler(settings, db, LogReader(settings))
+        reconciler = Reconciler(settings, store, LogReader(settings))
         async with asyncio.TaskGroup() as group:
             group.create_task(OutboxRelay(settings, store).run(stop))
             group.create_task(reconciler.run(stop))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -188,6 +189,38 @@ def line_job(line: RequestLine) -> tuple[JobKind, str, int]:
     return JobKind.COMPLETE, prompt, chat.max_completion_tokens or chat.max_tokens or 256
 
 
+@dataclass(frozen=True, kw_only=True)
+class Batch:
+    """A ``batches`` row as stored (its request hash aside)."""
+
+    id: str
+    tenant: str
+    endpoint: str
+    completion_window: str
+    deadline: datetime
+    callback_url: str | None
+    metadata: dict[str, Any] | None
+    total: int
+    created_at: datetime
+    cancelled_at: datetime | None
+
+
+def batch_from_row(row: Mapping[Any, Any]) -> Batch:
+    """The one mapping of a ``batches`` row (every column) to a Batch."""
+    return Batch(
+        id=str(row["id"]),
+        tenant=row["tenant"],
+        endpoint=row["endpoint"],
+        completion_window=row["completion_window"],
+        deadline=row["deadline"],
+        callback_url=row["callback_url"],
+        metadata=row["metadata"],
+        total=row["total"],
+        created_at=row["created_at"],
+        cancelled_at=row["cancelled_at"],
+    )
+
+
 def batch_status(cancelled_at: datetime | None, counts: Mapping[str, int], total: int) -> Status:
     """OpenAI's status from the jobs' states: in progress until every job is terminal,
     then cancelled (the batch was), expired (some jobs ran out of time) or completed."""
@@ -249,32 +282,33 @@ def _unix(at: datetime | None) -> int | None:
 def batch_view(
     row: Mapping[Any, Any], counts: Mapping[str, int], ended_at: datetime | None
 ) -> BatchView:
-    """The batch object of a stored batch, its jobs' counts by state, and when its last
-    job ended."""
-    status = batch_status(row["cancelled_at"], counts, row["total"])
+    """The batch object of a stored batch (``row``: a ``batches`` row), its jobs' counts by
+    state, and when its last job ended."""
+    batch = batch_from_row(row)
+    status = batch_status(batch.cancelled_at, counts, batch.total)
     done = ended_at if status in ("completed", "expired", "cancelled") else None
     succeeded = counts.get(JobState.SUCCEEDED.value, 0)
     ended = sum(n for state, n in counts.items() if state in _TERMINAL)
     return BatchView(
-        id=str(row["id"]),
-        endpoint=row["endpoint"],
-        completion_window=row["completion_window"],
+        id=batch.id,
+        endpoint=batch.endpoint,
+        completion_window=batch.completion_window,
         status=status,
-        created_at=int(row["created_at"].timestamp()),
-        in_progress_at=int(row["created_at"].timestamp()),
-        expires_at=int(row["deadline"].timestamp()),
+        created_at=int(batch.created_at.timestamp()),
+        in_progress_at=int(batch.created_at.timestamp()),
+        expires_at=int(batch.deadline.timestamp()),
         completed_at=_unix(done) if status == "completed" else None,
         expired_at=_unix(done) if status == "expired" else None,
-        cancelling_at=_unix(row["cancelled_at"]),
+        cancelling_at=_unix(batch.cancelled_at),
         cancelled_at=_unix(done) if status == "cancelled" else None,
         request_counts=RequestCounts(
-            total=row["total"], completed=succeeded, failed=ended - succeeded
+            total=batch.total, completed=succeeded, failed=ended - succeeded
         ),
-        metadata=row["metadata"],
+        metadata=batch.metadata,
         counts=dict(counts),
-        deadline=row["deadline"],
-        callback_url=row["callback_url"],
-        results_url=f"/v1/batches/{row['id']}/results",
+        deadline=batch.deadline,
+        callback_url=batch.callback_url,
+        results_url=f"/v1/batches/{batch.id}/results",
     )
 
 

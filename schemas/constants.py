@@ -7,9 +7,6 @@ EVENTS_TOPIC = "sluicegate.events"
 DEAD_LETTER_TOPIC = "sluicegate.deadletter"
 WORKER_GROUP = "sluicegate-workers"
 
-ENVELOPE_VERSION = 1
-
-HEADER_ENVELOPE_VERSION = "sluicegate-version"
 HEADER_TENANT = "X-Sluicegate-Tenant"
 HEADER_IDEMPOTENCY_KEY = "Idempotency-Key"
 HEADER_IDEMPOTENT_REPLAY = "Idempotent-Replayed"

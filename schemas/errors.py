@@ -56,12 +56,6 @@ class IdempotencyConflict(SluicegateError):
     status = 409
 
 
-class PoisonRecord(SluicegateError):
-    """A record on a topic that cannot be decoded; it is dead-lettered, never retried."""
-
-    code = "poison_record"
-
-
 class Unauthorized(SluicegateError):
     """No ``Authorization: Bearer`` key, or an unknown or revoked one."""
 

@@ -1,8 +1,11 @@
-"""Webhook contracts: the message a receiver gets, the API's views of deliveries and
-signing secrets, the dead-letter record, and the names both sides share."""
+"""Webhook contracts: the message a receiver gets, a delivery row as stored and the API's
+views of deliveries and signing secrets, the dead-letter record, and the names both sides
+share."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -30,6 +33,49 @@ class DeliveryState(StrEnum):
     PENDING = "pending"
     DELIVERED = "delivered"
     DEAD = "dead"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Delivery:
+    """A ``webhook_deliveries`` row as stored."""
+
+    id: str  # the webhook-id header of every attempt
+    tenant: str
+    subject: str  # the job or batch id
+    event_type: str
+    url: str
+    body: str  # the signed body, WebhookPayload as JSON
+    state: DeliveryState
+    attempts: int
+    next_attempt_at: datetime
+    last_status: int | None
+    last_error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def endpoint(self) -> tuple[str, str]:
+        """(tenant, url): where it goes, whose secrets sign it."""
+        return (self.tenant, self.url)
+
+
+def delivery_from_row(row: Mapping[Any, Any]) -> Delivery:
+    """The one mapping of a ``webhook_deliveries`` row (every column) to a Delivery."""
+    return Delivery(
+        id=row["id"],
+        tenant=row["tenant"],
+        subject=row["subject"],
+        event_type=row["event_type"],
+        url=row["url"],
+        body=row["body"],
+        state=DeliveryState(row["state"]),
+        attempts=row["attempts"],
+        next_attempt_at=row["next_attempt_at"],
+        last_status=row["last_status"],
+        last_error=row["last_error"],
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+    )
 
 
 class DeliveryNotFound(SluicegateError):
@@ -162,6 +208,24 @@ class DeliveryView(BaseModel):
     last_error: str | None
     created_at: datetime
     finished_at: datetime | None
+
+
+def delivery_view(delivery: Delivery) -> DeliveryView:
+    """The API's view of a delivery: its next attempt's time only while it is pending."""
+    pending = delivery.state is DeliveryState.PENDING
+    return DeliveryView(
+        id=delivery.id,
+        subject=delivery.subject,
+        event_type=delivery.event_type,
+        url=delivery.url,
+        state=delivery.state,
+        attempts=delivery.attempts,
+        next_attempt_at=delivery.next_attempt_at if pending else None,
+        last_status=delivery.last_status,
+        last_error=delivery.last_error,
+        created_at=delivery.created_at,
+        finished_at=delivery.finished_at,
+    )
 
 
 class DeliveryDetail(DeliveryView):

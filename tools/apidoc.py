@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from producers.admission.controller import REFUSALS, UNAVAILABLE, Refused
 from producers.admission.limits import BodyTooLarge, RequestTimeout
+from producers.admission.policy import REFUSALS, UNAVAILABLE, Refused
 from producers.api.app import create_app
 from producers.api.errors import HANDLER_CODES
 from schemas import reasons

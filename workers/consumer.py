@@ -85,10 +85,6 @@ class Worker:
     def running(self) -> int:
         return len(self._tasks)
 
-    @property
-    def paused(self) -> bool:
-        return self._paused_since is not None
-
     async def run(self, stop: asyncio.Event) -> None:
         self._cluster = await cluster_id(self._bootstrap)
         self.consumer.subscribe([self._topic], listener=_Rebalance(self))

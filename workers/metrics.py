@@ -6,6 +6,7 @@ that ``watch`` was last called with (one worker per process).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -14,7 +15,6 @@ from schemas import constants
 
 if TYPE_CHECKING:
     from workers.engines.base import InferenceEngine
-    from workers.gate import PullGate
 
 JOBS_STARTED = Counter(constants.M_JOBS_STARTED, "Jobs handed to the engine")
 JOBS_FINISHED = Counter(constants.M_JOBS_FINISHED, "Terminal states written", ["state"])
@@ -50,9 +50,10 @@ KV_RESERVED = Gauge(constants.M_KV_RESERVED, "KV blocks reserved for the growth 
 PREEMPTIONS = Gauge(constants.M_PREEMPTIONS, "Preemptions the engine counted since it started")
 
 
-def watch(engine: InferenceEngine, gate: PullGate) -> None:
-    """Point the engine and ledger gauges at this worker's engine and gate."""
+def watch(engine: InferenceEngine, reserved_blocks: Callable[[], float]) -> None:
+    """Point the engine and ledger gauges at this worker's engine and at what its gate
+    reserves (``reserved_blocks``: the pull gate's count, read when scraped)."""
     KV_USAGE.set_function(lambda: engine.capacity().usage)
     KV_FREE.set_function(lambda: engine.capacity().free_blocks)
     PREEMPTIONS.set_function(lambda: engine.capacity().preemptions)
-    KV_RESERVED.set_function(gate.reserved_blocks)
+    KV_RESERVED.set_function(reserved_blocks)

@@ -156,7 +156,7 @@ async def run_worker(
                 # A revoked owner's jobs end or are aborted within its drain.
                 takeover_grace_s=settings.drain_timeout_s,
             )
-            watch(inference, gate)
+            watch(inference, gate.reserved_blocks)
             worker = Worker(
                 consumer=consumer,
                 gate=gate,

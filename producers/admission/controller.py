@@ -7,106 +7,26 @@ the lag thresholds by priority: below the soft threshold accept, between soft an
 (bounded in time and in the number of waiters) for the lag to fall, at or above hard refuse.
 High priority is admitted up to the hard threshold without waiting; low priority waits from
 half the soft threshold and is refused at it.
+
+The rules themselves are pure (``producers.admission.policy``); the controller keeps what
+they need between submits (the waiters, the running jobs, whether it throttles, what it
+admitted since the last lag reading) and makes a submit wait for the lag to fall.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Literal
 
+from producers.admission.policy import Policy, Refused
 from producers.admission.ratelimit import TenantLimits
 from producers.jobs.repository import Flow
-from producers.lag.monitor import LagMonitor, LagSnapshot
+from producers.lag.monitor import LagMonitor
+from producers.lag.rule import LagSnapshot
 from producers.metrics import ADMISSIONS, BLOCKED
 from schemas.batches import BatchTooLarge
-from schemas.errors import SluicegateError
 from schemas.jobs import Priority
-from sluicegate.settings import Settings
-
-UNAVAILABLE = frozenset({"lag_unknown", "database_unavailable", "broker_unavailable"})
-# Why a submit is refused: the yield's ``reason`` and its error code (429; 503 for the
-# UNAVAILABLE ones). docs/api.md lists them (tools/apidoc.py).
-REFUSALS = {
-    "lag_soft": "`admission_mode=reject` and the lag is at the blocking threshold of the "
-    "request's priority (`lag_soft`; `lag_soft * low_priority_factor` for `low`).",
-    "lag_hard": "The lag is at the refusal threshold of the request's priority (`lag_hard`; "
-    "`lag_soft` for `low`), or a batch's jobs on top of the lag would pass it.",
-    "too_many_blocked": "`max_blocked` requests already wait for the lag to fall.",
-    "block_timeout": "The lag did not fall below the blocking threshold within `max_block_ms`.",
-    "deadline_unreachable": "The predicted queue wait plus service time passes the deadline.",
-    "tenant_rpm": "The tenant is over its requests-per-minute limit (`tenant_rpm`).",
-    "tenant_tpm": "The tenant is over its tokens-per-minute limit (`tenant_tpm`).",
-    "lag_unknown": "The lag has not been read for `lag_stale_after_s`: unknown counts as full.",
-    "database_unavailable": "The lag cannot be read: the database is unavailable.",
-    "broker_unavailable": "The lag cannot be read: the broker is unavailable.",
-}
-
-
-class Refused(SluicegateError):
-    """A typed refusal: 429 (or 503 while the lag is unknown) with a retry hint."""
-
-    status = 429
-    retriable = True
-
-    def __init__(self, reason: str, message: str, *, retry_after_s: float, lag: int | None) -> None:
-        super().__init__(message)
-        self.code = reason
-        self.reason = reason
-        self.retry_after_s = retry_after_s
-        self.lag = lag
-        if reason in UNAVAILABLE:
-            self.status = 503
-
-
-@dataclass(frozen=True, kw_only=True)
-class Policy:
-    soft: int
-    hard: int
-    mode: Literal["block", "reject"]
-    max_block_s: float
-    max_blocked: int
-    hysteresis: float
-    low_factor: float
-    deadline_aware: bool
-    token_time_s: float
-    # Use the measured seconds per output token once this many recent jobs were timed;
-    # 0: always token_time_s.
-    measured_after: int = 0
-    retry_min_s: float
-    retry_max_s: float
-    lag_interval_s: float
-    # A backlog nothing left for this long, with no job running, is said to have no worker.
-    stall_s: float = 10.0
-
-    @classmethod
-    def of(cls, s: Settings) -> Policy:
-        return cls(
-            soft=s.lag_soft,
-            hard=s.lag_hard,
-            mode=s.admission_mode,
-            max_block_s=s.max_block_ms / 1000,
-            max_blocked=s.max_blocked,
-            hysteresis=s.admission_hysteresis,
-            low_factor=s.low_priority_factor,
-            deadline_aware=s.deadline_aware,
-            token_time_s=s.expected_token_time_s,
-            measured_after=s.speed_min_samples if s.deadline_speed == "measured" else 0,
-            retry_min_s=s.retry_after_min_s,
-            retry_max_s=s.retry_after_max_s,
-            lag_interval_s=s.lag_interval_s,
-            stall_s=s.no_worker_after_s,
-        )
-
-    def thresholds(self, priority: Priority) -> tuple[int, int]:
-        """(block from, refuse from) for a priority."""
-        if priority is Priority.HIGH:
-            return self.hard, self.hard
-        if priority is Priority.LOW:
-            return math.floor(self.soft * self.low_factor), self.soft
-        return self.soft, self.hard
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,7 +175,7 @@ class AdmissionController:
             raise Refused(
                 reason,
                 f"tenant {tenant} is over its {reason.removeprefix('tenant_').upper()} limit",
-                retry_after_s=self._clamp(wait_s),
+                retry_after_s=self._policy.clamp(wait_s),
                 lag=lag.lag,
             )
 
@@ -264,12 +184,7 @@ class AdmissionController:
         one interval is seen at once, not one interval late)."""
         lag = self._monitor.snapshot()
         if not lag.known:
-            raise Refused(
-                lag.cause or "lag_unknown",
-                "the worker group's lag cannot be read; refusing until it can",
-                retry_after_s=self._clamp(2 * self._policy.lag_interval_s),
-                lag=None,
-            )
+            raise self._policy.unknown(lag)
         unseen = self._admitted - self._monitor.mark
         return replace(lag, lag=lag.lag + unseen) if unseen > 0 else lag
 
@@ -302,23 +217,17 @@ class AdmissionController:
         ahead: int = 0,
     ) -> None:
         """``ahead``: jobs of the same request queued before the last one (a batch)."""
-        if not self._policy.deadline_aware:
-            return
-        if self._policy.measured_after > 0 and self._token_time_s is None:
-            return  # the speed is not measured yet: nothing is refused on this ground
-        wait_s = lag.drain_time_s(max(0, lag.lag - self._running) + ahead)
-        if wait_s is None:
-            return  # no drain measured yet: no prediction to refuse on
-        service_s = max_tokens * self.token_time_s
-        left_s = (deadline - now).total_seconds()
-        if wait_s + service_s > left_s:
-            raise Refused(
-                "deadline_unreachable",
-                f"predicted queue wait {wait_s:.1f}s + service {service_s:.1f}s exceeds the "
-                f"{left_s:.1f}s left to the deadline",
-                retry_after_s=self._clamp(wait_s),
-                lag=lag.lag,
-            )
+        refused = self._policy.deadline_refusal(
+            lag,
+            running=self._running,
+            measured_token_time_s=self._token_time_s,
+            max_tokens=max_tokens,
+            deadline=deadline,
+            now=now,
+            ahead=ahead,
+        )
+        if refused is not None:
+            raise refused
 
     async def _check_lag(self, lag: LagSnapshot, priority: Priority, max_tokens: int) -> Admitted:
         p = self._policy
@@ -339,10 +248,7 @@ class AdmissionController:
 
     def thresholds_now(self, priority: Priority) -> tuple[int, int]:
         """Thresholds with hysteresis: while throttled, resume only well below soft."""
-        block_from, refuse_from = self._policy.thresholds(priority)
-        if self._throttled and priority is not Priority.HIGH:
-            block_from = math.floor(block_from * (1 - self._policy.hysteresis))
-        return block_from, refuse_from
+        return self._policy.thresholds_now(priority, throttled=self._throttled)
 
     async def _block(self, priority: Priority, max_tokens: int) -> Admitted:
         self._blocked += 1
@@ -369,35 +275,12 @@ class AdmissionController:
             BLOCKED.set(self._blocked)
 
     def _over(self, lag: LagSnapshot, reason: str, target: int, max_tokens: int) -> Refused:
-        if self.consumes_nothing(lag):
-            return Refused(
-                reason,
-                f"the worker group is {lag.lag:,} jobs behind, and none has left the queue for "
-                f"{lag.stalled_s:.0f} s with no job running: is any worker running? (start one "
-                "with `sluicegate worker`, or `sluicegate up --workers N`)",
-                retry_after_s=self._policy.retry_max_s,
-                lag=lag.lag,
-            )
-        return Refused(
-            reason,
-            f"the worker group is {lag.lag:,} jobs behind",
-            retry_after_s=self.retry_after_s(lag, max(lag.lag - target, 1), max_tokens),
-            lag=lag.lag,
-        )
+        return self._policy.over(lag, reason, target, max_tokens, running=self._running)
 
     def consumes_nothing(self, lag: LagSnapshot) -> bool:
         """A backlog nothing has left for ``stall_s`` while no job runs: no worker consumes."""
-        return lag.lag > 0 and self._running == 0 and lag.stalled_s >= self._policy.stall_s
+        return self._policy.consumes_nothing(lag, running=self._running)
 
     def retry_after_s(self, lag: LagSnapshot, excess: int, max_tokens: int) -> float:
-        """Seconds until ``excess`` jobs have drained: at the measured drain rate μ; before
-        μ is measured, at the rate the running jobs would end if each took ``max_tokens`` at
-        the static speed (a prior); with nothing running and nothing measured, the most."""
-        drain = lag.drain_time_s(excess)
-        if drain is None and self._running > 0:
-            per_job_s = max_tokens * self._policy.token_time_s
-            drain = excess * per_job_s / self._running
-        return self._clamp(self._policy.retry_max_s if drain is None else drain)
-
-    def _clamp(self, seconds: float) -> float:
-        return min(max(seconds, self._policy.retry_min_s), self._policy.retry_max_s)
+        """Seconds until ``excess`` jobs have drained (``Policy.retry_after_s``)."""
+        return self._policy.retry_after_s(lag, excess, max_tokens, running=self._running)

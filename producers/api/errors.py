@@ -15,8 +15,8 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
-from producers.admission.controller import Refused
 from producers.admission.limits import BodyTooLarge, RequestTimeout
+from producers.admission.policy import Refused
 from producers.metrics import REFUSED
 from schemas.errors import SluicegateError
 
@@ -107,59 +107,67 @@ def yield_response(refused: Refused) -> JSONResponse:
     return JSONResponse(body, status_code=refused.status, headers=headers)
 
 
-def install(app: FastAPI) -> None:
-    @app.exception_handler(Refused)
-    async def _refused(_: Request, exc: Refused) -> JSONResponse:
-        return yield_response(exc)
+async def _refused(_: Request, exc: Refused) -> JSONResponse:
+    return yield_response(exc)
 
-    @app.exception_handler(SluicegateError)
-    async def _sluicegate(_: Request, exc: SluicegateError) -> JSONResponse:
-        headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)} if exc.retriable else None
-        return error_response(exc.status, exc.code, exc.message, exc.details, headers)
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"loc": list(e.get("loc", ())), "type": e.get("type"), "msg": e.get("msg")}
-            for e in exc.errors()
-        ]
-        status, code = _validation_code(errors)
-        return error_response(status, code, "the request is not valid", errors)
+async def _sluicegate(_: Request, exc: SluicegateError) -> JSONResponse:
+    headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)} if exc.retriable else None
+    return error_response(exc.status, exc.code, exc.message, exc.details, headers)
 
-    @app.exception_handler(BodyTooLarge)
-    @app.exception_handler(RequestTimeout)
-    async def _body_limit(_: Request, exc: BodyTooLarge | RequestTimeout) -> JSONResponse:
-        return error_response(exc.status_code, exc.code, exc.detail, headers=exc.headers)
 
-    @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
-        cause = exc.__cause__
-        if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError | RecursionError):
-            # FastAPI could not decode a JSON body: not UTF-8, or nested past the parser.
-            reason = "not UTF-8" if isinstance(cause, UnicodeDecodeError) else "nested too deeply"
-            return error_response(400, "invalid_json", f"the body is not valid JSON: {reason}")
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = [
+        {"loc": list(e.get("loc", ())), "type": e.get("type"), "msg": e.get("msg")}
+        for e in exc.errors()
+    ]
+    status, code = _validation_code(errors)
+    return error_response(status, code, "the request is not valid", errors)
 
-    async def _database_down(_: Request, exc: Exception) -> JSONResponse:
-        log.warning("database unavailable: %s", exc)
+
+async def _body_limit(_: Request, exc: BodyTooLarge | RequestTimeout) -> JSONResponse:
+    return error_response(exc.status_code, exc.code, exc.detail, headers=exc.headers)
+
+
+async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+    cause = exc.__cause__
+    if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError | RecursionError):
+        # FastAPI could not decode a JSON body: not UTF-8, or nested past the parser.
+        reason = "not UTF-8" if isinstance(cause, UnicodeDecodeError) else "nested too deeply"
+        return error_response(400, "invalid_json", f"the body is not valid JSON: {reason}")
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+
+
+async def _database_down(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("database unavailable: %s", exc)
+    return error_response(
+        503,
+        "database_unavailable",
+        "the database is unavailable; nothing was stored",
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+    )
+
+
+async def _dbapi(request: Request, exc: DBAPIError) -> JSONResponse:
+    if isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated:
+        return await _database_down(request, exc)
+    if getattr(exc.orig, "sqlstate", None) in _NUL_IN_TEXT:
         return error_response(
-            503,
-            "database_unavailable",
-            "the database is unavailable; nothing was stored",
-            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+            422, "invalid_character", "the request holds a NUL character; nothing was stored"
         )
+    log.exception("database error", exc_info=exc)
+    return error_response(500, "internal_error", "internal error")
 
+
+def install(app: FastAPI) -> None:
+    """Answer every failure the routes, the body limits and the database raise."""
+    app.exception_handler(Refused)(_refused)
+    app.exception_handler(SluicegateError)(_sluicegate)
+    app.exception_handler(RequestValidationError)(_invalid)
+    app.exception_handler(BodyTooLarge)(_body_limit)
+    app.exception_handler(RequestTimeout)(_body_limit)
+    app.exception_handler(HTTPException)(_http)
     for exc_type in (PoolTimeout, OSError):
-        app.add_exception_handler(exc_type, _database_down)
-
-    @app.exception_handler(DBAPIError)
-    async def _dbapi(request: Request, exc: DBAPIError) -> JSONResponse:
-        if isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated:
-            return await _database_down(request, exc)
-        if getattr(exc.orig, "sqlstate", None) in _NUL_IN_TEXT:
-            return error_response(
-                422, "invalid_character", "the request holds a NUL character; nothing was stored"
-            )
-        log.exception("database error", exc_info=exc)
-        return error_response(500, "internal_error", "internal error")
+        app.exception_handler(exc_type)(_database_down)
+    app.exception_handler(DBAPIError)(_dbapi)

@@ -138,6 +138,29 @@ class Waited:
     disconnected: bool = False
 
 
+@dataclass(frozen=True, kw_only=True)
+class Waiting:
+    """What a ``?wait=`` needs: the jobs, the registry of waiting requests, the shared reads."""
+
+    repo: JobRepository
+    waiters: Waiters
+    reads: Reads
+
+    async def job(self, tenant: str, job_id: str, wait_s: float, receive: Receive) -> Job:
+        """The job once it is terminal, or as it is when ``wait_s`` ran out or the caller
+        left (``receive``: the request's, to see it leave)."""
+        waited = await wait_for_terminal(
+            self.repo,
+            self.waiters,
+            self.reads,
+            tenant=tenant,
+            job_id=job_id,
+            wait_s=wait_s,
+            receive=receive,
+        )
+        return waited.job
+
+
 async def wait_for_terminal(
     repo: JobRepository,
     waiters: Waiters,

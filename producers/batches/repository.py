@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from producers.jobs.repository import cancelling, event_row, new_job_id
+from producers.jobs.repository import cancelling, event_row
+from producers.jobs.submit_repository import new_job_id
 from schemas.batches import BatchTerminal, BatchView, batch_status, batch_view
 from schemas.envelopes import DispatchEnvelope
 from schemas.errors import BatchNotFound, IdempotencyConflict

@@ -31,7 +31,7 @@ from typing import Protocol
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from producers.jobs.repository import Stored
+from producers.jobs.submit_repository import Stored
 from producers.metrics import SUBMIT_GROUP
 from schemas.errors import SluicegateError
 from schemas.jobs import NewJob

@@ -7,7 +7,7 @@ import math
 from datetime import UTC, datetime, timedelta
 
 from producers.jobs.repository import JobRepository
-from producers.lag.monitor import LagSnapshot
+from producers.lag.rule import LagSnapshot
 from schemas.api import JobView
 from schemas.jobs import Job
 from schemas.states import JobState

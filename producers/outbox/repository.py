@@ -1,5 +1,6 @@
 """The outbox's SQL: publishing rows (the relay), recording where each dispatch record lies,
-and dispatching a job again when its record is gone (the reconciler, ``sluicegate up``)."""
+finding the jobs whose record the broker's log no longer holds, and dispatching a job again
+when its record is gone (the reconciler, ``sluicegate up``)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,27 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, case, column, delete, func, insert, select, update
+from sqlalchemy import (
+    Integer,
+    and_,
+    bindparam,
+    case,
+    column,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import BigInteger
 
+from producers.outbox.rule import LogView, Lost, Position
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import estimate_tokens
 from schemas.states import JobState
@@ -88,7 +103,8 @@ async def redispatch(conn: AsyncConnection, topic: str, which: ColumnElement[boo
 
 
 class OutboxStore:
-    """The outbox relay's queries. Rows stay locked while they are being published."""
+    """The outbox relay's and the reconciler's queries. Rows stay locked while they are being
+    published."""
 
     def __init__(self, engine: AsyncEngine, *, dispatch_topic: str) -> None:
         self._engine = engine
@@ -242,3 +258,63 @@ class OutboxStore:
         async with self._engine.begin() as conn:
             done = await redispatch(conn, self._dispatch_topic, jobs.c.id.is_not(None))
         return len(done)
+
+    async def suspects(
+        self, view: LogView, *, partitions: int, running_since: datetime
+    ) -> dict[str, tuple[Position, bool]]:
+        """Jobs whose record ``view`` takes for gone (``LogView.gone``, in SQL): id →
+        (position, started). A ``running`` job only once it started before
+        ``running_since``."""
+        per_partition = []
+        for p in range(partitions):
+            # Offsets that cannot be in the log: before its first, at or past its end, and
+            # (not started only) before the group's commit point.
+            out_of_log = [jobs.c.dispatch_offset < view.first.get(p, 0)]
+            if view.exact_end:
+                out_of_log.append(jobs.c.dispatch_offset >= view.end.get(p, 0))
+            skipped = and_(
+                jobs.c.state == JobState.DISPATCHED.value,
+                jobs.c.dispatch_offset < view.committed.get(p, 0),
+            )
+            per_partition.append(and_(jobs.c.dispatch_partition == p, or_(*out_of_log, skipped)))
+        gone = or_(
+            jobs.c.dispatch_log.is_distinct_from(view.log),
+            *per_partition,
+        )
+        startable = or_(
+            jobs.c.state == JobState.DISPATCHED.value,
+            and_(jobs.c.state == JobState.RUNNING.value, jobs.c.started_at < running_since),
+        )
+        async with self._engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(
+                        jobs.c.id,
+                        jobs.c.state,
+                        jobs.c.dispatch_log,
+                        jobs.c.dispatch_partition,
+                        jobs.c.dispatch_offset,
+                    ).where(
+                        jobs.c.state.in_(UNSTARTED_OR_RUNNING),
+                        jobs.c.dispatch_offset.is_not(None),
+                        startable,
+                        gone,
+                    )
+                )
+            ).all()
+        return {
+            str(r.id): (
+                (r.dispatch_log, r.dispatch_partition, r.dispatch_offset),
+                r.state == JobState.RUNNING.value,
+            )
+            for r in rows
+        }
+
+    async def redispatch_lost(self, lost: Lost) -> int:
+        """A new dispatch record for each of ``lost`` whose position is still the one judged
+        gone, in one transaction; returns how many got one."""
+        position = tuple_(jobs.c.dispatch_log, jobs.c.dispatch_partition, jobs.c.dispatch_offset)
+        which = or_(*(and_(jobs.c.id == job_id, position == at) for job_id, at in lost))
+        async with self._engine.begin() as conn:
+            ids = await redispatch(conn, self._dispatch_topic, which)
+        return len(ids)

@@ -25,6 +25,8 @@ from schemas.webhooks import (
     NewSecret,
     SecretNotFound,
     SecretView,
+    delivery_from_row,
+    delivery_view,
 )
 
 SECRET_BYTES = 32
@@ -33,23 +35,6 @@ SECRET_BYTES = 32
 def new_secret() -> str:
     """``whsec_`` and 32 random bytes in base64, as Standard Webhooks specifies."""
     return SECRET_PREFIX + base64.b64encode(random_secrets.token_bytes(SECRET_BYTES)).decode()
-
-
-def _view(row: Mapping[Any, Any]) -> DeliveryView:
-    pending = row["state"] == DeliveryState.PENDING.value
-    return DeliveryView(
-        id=row["id"],
-        subject=row["subject"],
-        event_type=row["event_type"],
-        url=row["url"],
-        state=DeliveryState(row["state"]),
-        attempts=row["attempts"],
-        next_attempt_at=row["next_attempt_at"] if pending else None,
-        last_status=row["last_status"],
-        last_error=row["last_error"],
-        created_at=row["created_at"],
-        finished_at=row["finished_at"],
-    )
 
 
 def _secret(row: Mapping[Any, Any], now: datetime) -> SecretView:
@@ -87,7 +72,7 @@ class WebhookStore:
         query = query.order_by(webhook_deliveries.c.id).limit(limit + 1)
         async with self._engine.connect() as conn:
             rows = (await conn.execute(query)).mappings().all()
-        return [_view(r) for r in rows[:limit]], len(rows) > limit
+        return [delivery_view(delivery_from_row(r)) for r in rows[:limit]], len(rows) > limit
 
     async def delivery(self, tenant: str, delivery_id: str) -> DeliveryDetail:
         async with self._engine.connect() as conn:
@@ -126,9 +111,10 @@ class WebhookStore:
                 .order_by(dead_letters.c.id.desc())
                 .limit(1)
             )
+        delivery = delivery_from_row(row)
         return DeliveryDetail(
-            **_view(row).model_dump(),
-            payload=json.loads(row["body"]),
+            **delivery_view(delivery).model_dump(),
+            payload=json.loads(delivery.body),
             attempt_log=[
                 AttemptView(
                     attempt=a["attempt"],

@@ -9,7 +9,7 @@ import sys
 
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from producers.tenancy import KeyStore
+from producers.tenancy.repository import KeyStore
 from sluicegate.db import make_engine
 from sluicegate.local import info as stack_info
 from sluicegate.settings import Settings

@@ -14,7 +14,7 @@ from sluicegate.settings import MissingSetting, Settings
 from workers.engines import llamacpp_server, sim_server
 from workers.engines.errors import EngineError
 from workers.service import build_sim_engine, run_worker
-from workers.webhooks.app import run_webhooks
+from workers.webhooks.process import run_webhooks
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:

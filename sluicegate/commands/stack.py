@@ -12,7 +12,7 @@ from rich.console import Console
 
 from producers import demo
 from producers.outbox.repository import OutboxStore
-from producers.tenancy import KeyStore
+from producers.tenancy.repository import KeyStore
 from schemas import constants
 from sluicegate.db import make_engine
 from sluicegate.local import key as local_key

@@ -22,6 +22,8 @@ from typing import IO
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from sluicegate.local.database_store import ensure_database
+
 PG_USER = "postgres"
 PG_DATABASE = "sluicegate"
 # initdb and postgres refuse to run as root; the embedded server runs as this system user.
@@ -141,29 +143,13 @@ class EmbeddedPostgres:
             last = lines[-1] if lines else "no log"
             raise EmbeddedError(f"PostgreSQL did not start on {self.data_dir}: {last}") from None
         self._started = True
-        self._create_database()
+        ensure_database(self.admin_url, PG_DATABASE)
 
     def _stop_leftover(self) -> None:
         """A server still running on the data directory, left by a stack that died."""
         if (self.data_dir / "postmaster.pid").exists():
             with contextlib.suppress(subprocess.CalledProcessError):
                 self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
-
-    def _create_database(self) -> None:
-        async def create() -> None:
-            import asyncpg
-
-            conn = await asyncpg.connect(self.admin_url)
-            try:
-                exists = await conn.fetchval(
-                    "SELECT 1 FROM pg_database WHERE datname = $1", PG_DATABASE
-                )
-                if not exists:
-                    await conn.execute(f'CREATE DATABASE "{PG_DATABASE}"')
-            finally:
-                await conn.close()
-
-        asyncio.run(create())
 
     def stop(self) -> None:
         if not self._started or not (self.data_dir / "postmaster.pid").exists():

@@ -9,7 +9,9 @@ import pytest
 from sqlalchemy import func, select
 
 from producers.jobs.repository import JobRepository
-from producers.lag.monitor import KafkaLagSource, LagMonitor, Reading
+from producers.lag.kafka import KafkaLagSource
+from producers.lag.monitor import LagMonitor
+from producers.lag.rule import Reading
 from producers.service import run_relay
 from schemas.tables import jobs
 from sluicegate.db import make_engine

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from producers.tenancy import KeyStore, hash_key, key_id
+from producers.tenancy.keys import hash_key, key_id
+from producers.tenancy.repository import KeyStore
 from schemas.tables import api_keys
 from sluicegate.settings import Settings
 from tests.integration.serving import serve

@@ -33,7 +33,7 @@ from tests.integration.webhooks import (
     webhook_settings,
 )
 from tests.topics import caught_up, read_until
-from workers.webhooks.app import run_webhooks
+from workers.webhooks.process import run_webhooks
 
 
 async def rows(settings: Settings, statement: Any) -> list[dict[str, Any]]:

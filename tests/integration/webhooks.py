@@ -22,7 +22,7 @@ from sluicegate.settings import Settings
 from tests.integration.pipeline import DOC, Pipeline, open_pipeline
 from tests.integration.serving import until
 from workers.service import run_worker
-from workers.webhooks.app import run_webhooks
+from workers.webhooks.process import run_webhooks
 
 LOOPBACK = (ip_network("127.0.0.0/8"), ip_network("::1/128"))
 

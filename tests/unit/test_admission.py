@@ -8,10 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from producers.admission.controller import AdmissionController, Policy, Refused
+from producers.admission.controller import AdmissionController
+from producers.admission.policy import Policy, Refused
 from producers.admission.ratelimit import TenantLimits
 from producers.jobs.repository import Flow
-from producers.lag.monitor import LagMonitor, Reading
+from producers.lag.monitor import LagMonitor
+from producers.lag.rule import Reading
 from schemas.batches import BatchTooLarge
 from schemas.jobs import Priority
 

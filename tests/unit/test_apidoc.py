@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.admission import controller as admission
+from producers.admission import policy as admission
 from producers.admission.ratelimit import TenantLimits
 from producers.api import errors
 from schemas import reasons

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from producers.jobs.group_commit import GroupCommit
-from producers.jobs.repository import Stored
+from producers.jobs.submit_repository import Stored
 from schemas.errors import SluicegateError
 from schemas.jobs import Job, JobKind, NewJob, Priority
 from schemas.states import JobState

@@ -21,8 +21,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from schemas.webhooks import M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED
 from sluicegate.aio import wait_first
+from workers.webhooks.attempt_repository import AttemptRepository, Claimed, Endpoint
 from workers.webhooks.http import WebhookClient
-from workers.webhooks.repository import Claimed, Endpoint, WebhookRepository
 from workers.webhooks.retry import Answer, Outcome, RetrySchedule, Uniform, judge
 from workers.webhooks.signing import signed_headers
 
@@ -42,7 +42,7 @@ NO_SECRET = "no signing secret: create one with POST /v1/webhooks/secrets"
 class Dispatcher:
     def __init__(
         self,
-        repo: WebhookRepository,
+        repo: AttemptRepository,
         client: WebhookClient,
         *,
         schedule: RetrySchedule,

@@ -1,5 +1,5 @@
 """The sim-server speaks vLLM's HTTP: completions (whole and streamed), errors, metrics.
-What every engine does, over this server too, is in tests/contract."""
+What every engine does, over this server too, is in test_engine_contract.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
 from workers.engines.output import simulated_output
 from workers.engines.sim import SimEngine
-from workers.engines.sim_server import EOS_ID, create_app, running
+from workers.engines.sim_protocol import EOS_ID
+from workers.engines.sim_server import create_app, running
 from workers.tokens import count_tokens
 
 MODEL = "sim-8b"

@@ -1,4 +1,4 @@
-"""Webhooks in the API: the caller's deliveries (dead letters included) with their attempts,
+"""The webhook routes: the caller's deliveries (dead letters included) with their attempts,
 and its signing secrets. Everything is scoped to the caller's tenant; another tenant's
 delivery or secret answers 404 as if it did not exist."""
 
@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
-from sqlalchemy.ext.asyncio import AsyncEngine
+from fastapi import APIRouter, Path, Query
 
 from producers.api import openapi
-from producers.tenancy import Tenant
-from producers.webhooks.repository import WebhookStore
+from producers.api.deps import Tenant, Webhooks
 from schemas.webhooks import (
     DeliveryDetail,
     DeliveryList,
@@ -30,14 +28,9 @@ _ERRORS = openapi.errors(400, 401, 404, 408, 413, 422, 503)
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=_ERRORS)
 
 
-def _store(request: Request) -> WebhookStore:
-    engine: AsyncEngine = request.app.state.repo.engine
-    return WebhookStore(engine)
-
-
 @router.get("/deliveries", response_model=DeliveryList, summary="List webhook deliveries")
 async def list_deliveries(
-    request: Request,
+    store: Webhooks,
     tenant: Tenant,
     state: Annotated[DeliveryState | None, Query(description="dead: the dead letters")] = None,
     subject: Annotated[str | None, Query(max_length=64, description="a job or batch id")] = None,
@@ -45,7 +38,7 @@ async def list_deliveries(
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> DeliveryList:
     """The caller's webhook deliveries, oldest first."""
-    page, more = await _store(request).deliveries(
+    page, more = await store.deliveries(
         tenant, state=state, subject=subject, after=after, limit=limit
     )
     return DeliveryList(data=page, next_after=page[-1].id if more else None)
@@ -54,25 +47,25 @@ async def list_deliveries(
 @router.get(
     "/deliveries/{delivery_id}", response_model=DeliveryDetail, summary="Read a webhook delivery"
 )
-async def get_delivery(delivery_id: str, request: Request, tenant: Tenant) -> DeliveryDetail:
+async def get_delivery(delivery_id: str, store: Webhooks, tenant: Tenant) -> DeliveryDetail:
     """One delivery: its payload, every attempt, and why it was dead-lettered."""
-    return await _store(request).delivery(tenant, delivery_id)
+    return await store.delivery(tenant, delivery_id)
 
 
 @router.post(
     "/secrets", response_model=NewSecret, status_code=201, summary="Create a signing secret"
 )
-async def create_secret(request: Request, tenant: Tenant) -> NewSecret:
+async def create_secret(store: Webhooks, tenant: Tenant) -> NewSecret:
     """A new signing secret. This answer is the only time the secret is shown. From now
     on every webhook of the tenant is signed with it too (one signature per unexpired
     secret)."""
-    return await _store(request).create_secret(tenant)
+    return await store.create_secret(tenant)
 
 
 @router.get("/secrets", response_model=SecretList, summary="List signing secrets")
-async def list_secrets(request: Request, tenant: Tenant) -> SecretList:
+async def list_secrets(store: Webhooks, tenant: Tenant) -> SecretList:
     """The tenant's secrets, without the secrets themselves."""
-    return SecretList(data=await _store(request).list_secrets(tenant))
+    return SecretList(data=await store.list_secrets(tenant))
 
 
 @router.post(
@@ -80,10 +73,10 @@ async def list_secrets(request: Request, tenant: Tenant) -> SecretList:
 )
 async def expire_secret(
     secret_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
-    request: Request,
+    store: Webhooks,
     tenant: Tenant,
     body: ExpireSecret | None = None,
 ) -> SecretView:
     """Stop signing with the secret, now or after ``in_s`` seconds of grace."""
     in_s = body.in_s if body is not None else 0.0
-    return await _store(request).expire_secret(tenant, secret_id, in_s)
+    return await store.expire_secret(tenant, secret_id, in_s)

@@ -1,4 +1,4 @@
-"""Batches in the API (OpenAI Batch format): create, read, list, results, cancel.
+"""The batch routes (OpenAI Batch format): create, read, list, results, cancel.
 
 POST /v1/batches takes the requests as JSON (``{"requests": [...], ...}``), as an uploaded
 JSONL file (multipart/form-data, field ``file``, options as form fields), or as a raw
@@ -20,12 +20,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
-from producers.admission.controller import AdmissionController
 from producers.api import openapi
+from producers.api.deps import Admission, AppSettings, Batches, Tenant
 from producers.batches.input import create_body, jsonl_lines, new_batch, parse_create
-from producers.batches.repository import BatchStore
 from producers.metrics import SUBMITTED
-from producers.tenancy import Tenant
 from schemas import constants
 from schemas.batches import (
     BatchList,
@@ -37,7 +35,6 @@ from schemas.batches import (
 )
 from schemas.errors import BatchNotFound, InvalidJson, InvalidRequest
 from schemas.jobs import estimate_tokens
-from sluicegate.settings import Settings
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
@@ -71,11 +68,6 @@ _REQUEST_BODY = {
 }
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=_ERRORS)
-
-
-def _store(request: Request) -> BatchStore:
-    store: BatchStore = request.app.state.batches
-    return store
 
 
 def _batch_id(value: str) -> str:
@@ -140,6 +132,9 @@ async def _body(request: Request) -> CreateBatch:
 async def create_batch(
     request: Request,
     tenant: Tenant,
+    settings: AppSettings,
+    admission: Admission,
+    store: Batches,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -152,13 +147,11 @@ async def create_batch(
 ) -> JSONResponse:
     """Admitted whole (201) or refused whole (429/503 with Retry-After, 413 when it can
     never fit); an idempotent replay answers 200 with the batch stored first."""
-    settings: Settings = request.app.state.settings
     body = await _body(request)
     now = datetime.now(UTC)
     new = new_batch(
         body, tenant=tenant, idempotency_key=idempotency_key, now=now, settings=settings
     )
-    admission: AdmissionController = request.app.state.admission
     admission.admit_batch(
         tenant=tenant,
         priority=new.priority,
@@ -170,7 +163,7 @@ async def create_batch(
     )
     jobs = len(new.requests)
     try:
-        view, created = await _store(request).create(new)
+        view, created = await store.create(new)
     except BaseException:
         admission.withdrawn(jobs)
         raise
@@ -189,21 +182,19 @@ async def create_batch(
 
 @router.get("", response_model=BatchList, summary="List the caller's batches, newest first")
 async def list_batches(
-    request: Request,
+    store: Batches,
     tenant: Tenant,
     after: Annotated[uuid.UUID | None, Query(description="next_after of the last page")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> BatchList:
-    page, more = await _store(request).page(
-        tenant, after=str(after) if after else None, limit=limit
-    )
+    page, more = await store.page(tenant, after=str(after) if after else None, limit=limit)
     return BatchList(data=page, next_after=page[-1].id if more else None)
 
 
 @router.get("/{batch_id}", response_model=BatchView, summary="Read a batch")
-async def get_batch(batch_id: str, request: Request, tenant: Tenant) -> BatchView:
+async def get_batch(batch_id: str, store: Batches, tenant: Tenant) -> BatchView:
     """OpenAI's batch object, with the jobs counted by state (``counts``)."""
-    return await _store(request).get(tenant, _batch_id(batch_id))
+    return await store.get(tenant, _batch_id(batch_id))
 
 
 @router.get(
@@ -214,7 +205,7 @@ async def get_batch(batch_id: str, request: Request, tenant: Tenant) -> BatchVie
 )
 async def batch_results(
     batch_id: str,
-    request: Request,
+    store: Batches,
     tenant: Tenant,
     after: Annotated[
         uuid.UUID | None, Query(description="the sluicegate.job_id of the last line read")
@@ -223,7 +214,6 @@ async def batch_results(
     """OpenAI Batch output, one line per request in submission order, up to the first
     request that has not ended yet. Pass the last line's ``sluicegate.job_id`` as
     ``after`` to go on from there: a finished batch gives every line in one call."""
-    store = _store(request)
     owned = _batch_id(batch_id)
     endpoint = await store.endpoint(tenant, owned)  # 404 before the stream starts
 
@@ -244,7 +234,7 @@ async def batch_results(
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchView, summary="Cancel a batch")
-async def cancel_batch(batch_id: str, request: Request, tenant: Tenant) -> BatchView:
+async def cancel_batch(batch_id: str, store: Batches, tenant: Tenant) -> BatchView:
     """Cancel every job of the batch that has not ended (running ones are aborted within
     a decode step); 409 ``batch_terminal`` once the batch has completed or expired."""
-    return await _store(request).cancel(tenant, _batch_id(batch_id))
+    return await store.cancel(tenant, _batch_id(batch_id))

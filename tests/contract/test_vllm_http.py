@@ -1,5 +1,5 @@
 """The HTTP engine reads vLLM's metrics and maps the server's failures to engine errors.
-What it shares with every engine is in tests/contract."""
+What it shares with every engine is in test_engine_contract.py."""
 
 from __future__ import annotations
 

@@ -1,0 +1,56 @@
+"""The lag monitor's reader: the worker group's committed offsets from the broker, then the rest
+of the reading from PostgreSQL (``LagRepository``)."""
+
+from __future__ import annotations
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from producers.lag.repository import LagRepository
+from producers.lag.rule import Reading
+from sluicegate.kafka import GroupReader
+
+
+class KafkaLagSource:
+    """Committed offsets from the broker (a consumer with the group id and ``committed()``; it
+    never joins the group), then in one PostgreSQL snapshot: the ends from the relay's record,
+    the unpublished jobs and (``count_open``) the jobs not yet ended past the commit points."""
+
+    def __init__(
+        self,
+        *,
+        db: AsyncEngine,
+        bootstrap: str,
+        topic: str,
+        group_id: str,
+        partitions: int,
+        count_open: bool = True,
+    ) -> None:
+        self._topic = topic
+        self._partitions = partitions
+        self._reader = GroupReader(bootstrap, group_id)
+        self._repository = LagRepository(
+            db, topic=topic, partitions=partitions, count_open=count_open
+        )
+
+    async def read(self) -> Reading:
+        # The commit points first: the ends and the open jobs read after them are at or
+        # past them.
+        return await self._repository.reading(await self.committed())
+
+    async def committed(self) -> dict[int, int]:
+        """The worker group's committed offset per partition (0 where none)."""
+        consumer = await self._reader.consumer()
+        committed: dict[int, int] = {}
+        try:
+            for partition in range(self._partitions):
+                offset = await consumer.committed(TopicPartition(self._topic, partition))
+                committed[partition] = offset or 0
+        except (KafkaError, OSError):
+            await self.close()
+            raise
+        return committed
+
+    async def close(self) -> None:
+        await self._reader.close()

@@ -1,0 +1,42 @@
+"""The reconciler's reader of the broker's dispatch log: cluster id, and first, end and
+worker-group committed offset per partition, as a LogView."""
+
+from __future__ import annotations
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+
+from producers.outbox.rule import LogView
+from sluicegate.kafka import GroupReader, cluster_id
+from sluicegate.settings import Settings
+
+
+class LogReader:
+    """Reads a LogView with a consumer that has the worker group's id and never joins it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._reader = GroupReader(settings.require_kafka(), settings.consumer_group)
+
+    async def read(self) -> LogView:
+        s = self._settings
+        consumer = await self._reader.consumer()
+        parts = [TopicPartition(s.dispatch_topic, p) for p in range(s.partitions)]
+        try:
+            found = await cluster_id(s.require_kafka())
+            first = await consumer.beginning_offsets(parts)
+            end = await consumer.end_offsets(parts)
+            committed = {tp.partition: (await consumer.committed(tp)) or 0 for tp in parts}
+        except (KafkaError, OSError):
+            await self.close()
+            raise
+        return LogView(
+            log=found,
+            first={tp.partition: o for tp, o in first.items()},
+            end={tp.partition: o for tp, o in end.items()},
+            exact_end=s.kafka_exact_end_offsets,
+            committed=committed,
+        )
+
+    async def close(self) -> None:
+        await self._reader.close()

@@ -1,0 +1,1 @@
+"""Tenants and their API keys: the keys' form (``keys``) and their SQL (``repository``)."""

@@ -1,0 +1,72 @@
+"""``sluicegate webhooks``: the dispatcher process, wired together. The faust app
+(``app.py``) feeds terminal job events to the event handler (``events.py``), which makes
+delivery rows; the delivery loop (``dispatch.py``) sends them, woken by NOTIFY; a metrics
+server when a port is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from prometheus_client import start_http_server
+
+from schemas.webhooks import WEBHOOKS_CHANNEL
+from sluicegate.db import make_engine
+from sluicegate.notify import Listener
+from sluicegate.settings import Settings
+from workers.webhooks.app import consume
+from workers.webhooks.attempt_repository import AttemptRepository
+from workers.webhooks.delivery_repository import DeliveryRepository
+from workers.webhooks.dispatch import Dispatcher
+from workers.webhooks.events import EventHandler
+from workers.webhooks.http import WebhookClient
+from workers.webhooks.retry import RetrySchedule
+from workers.webhooks.ssrf import AddressPolicy
+
+
+async def run_webhooks(settings: Settings, stop: asyncio.Event) -> None:
+    """The dispatcher process until ``stop``: consume events, deliver, drain, exit."""
+    if settings.metrics_port is not None:
+        start_http_server(settings.metrics_port)
+    if settings.log_level.upper() != "DEBUG":
+        for name in ("faust", "mode"):  # their start and stop take forty INFO lines
+            logging.getLogger(name).setLevel(logging.WARNING)
+    url = settings.require_database_url()
+    db = make_engine(url, pool_size=4)
+    rng = random.Random()
+    schedule = RetrySchedule(
+        steps_s=settings.webhook_retry_schedule_s,
+        retry_after_max_s=settings.webhook_retry_after_max_s,
+    )
+    client = WebhookClient(
+        policy=AddressPolicy(allow=settings.webhook_allow_networks),
+        timeout_s=settings.webhook_timeout_s,
+    )
+    dispatcher = Dispatcher(
+        AttemptRepository(db, dead_letter_topic=settings.dead_letter_topic),
+        client,
+        schedule=schedule,
+        uniform=rng.uniform,
+        timeout_s=settings.webhook_timeout_s,
+        max_in_flight=settings.webhook_max_in_flight,
+        per_endpoint=settings.webhook_max_in_flight_per_endpoint,
+    )
+    listener = Listener(
+        url, WEBHOOKS_CHANNEL, on_notice=lambda _: dispatcher.wake(), on_connect=dispatcher.wake
+    )
+    handler = EventHandler(
+        DeliveryRepository(db, dead_letter_topic=settings.dead_letter_topic),
+        dispatcher,
+        schedule=schedule,
+        uniform=rng.uniform,
+    )
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(listener.run(stop), name="webhooks-listen")
+            tasks.create_task(dispatcher.run(stop), name="webhooks-deliver")
+            tasks.create_task(consume(settings, handler, stop), name="webhooks-consume")
+    finally:
+        await client.aclose()
+        await db.dispose()
