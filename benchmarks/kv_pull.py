@@ -32,7 +32,7 @@ from benchmarks.harness import job_rows as rows_of
 from benchmarks.plot import plot_kv_pull
 from schemas.constants import M_JOBS_STARTED
 from schemas.tables import jobs
-from workers.engines.sim import SimEngine
+from workers.engines.sim.engine import SimEngine
 from workers.service import run_worker
 
 OUT = OUT_DIR / "kv_pull.json"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from benchmarks.trace import Arrival, Mix, backlog
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
-from workers.engines.sim import SimEngine
+from workers.engines.sim.engine import SimEngine
 
 QUEUE_DEPTH = 64  # requests kept waiting in the engine while its capacity is measured
 

@@ -45,7 +45,7 @@ from schemas import constants
 from schemas.tables import jobs
 from workers.engines.base import Capacity as EngineCapacity
 from workers.engines.base import GenerationRequest
-from workers.engines.sim import SimEngine
+from workers.engines.sim.engine import SimEngine
 from workers.service import run_worker
 
 OUT = OUT_DIR / "overload.json"

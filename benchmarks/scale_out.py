@@ -46,7 +46,7 @@ from benchmarks.plot import plot_scale_out
 from benchmarks.trace import Mix, backlog
 from schemas.tables import jobs
 from sluicegate.db import make_engine
-from workers.engines.sim import SimEngine
+from workers.engines.sim.engine import SimEngine
 from workers.service import run_worker
 
 OUT = OUT_DIR / "scale_out.json"

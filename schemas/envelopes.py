@@ -11,15 +11,22 @@ from schemas.jobs import JobKind, Priority
 from schemas.states import JobState
 
 
-class _Envelope(BaseModel):
+class Envelope(BaseModel):
+    """The base of every record Sluicegate writes to a topic: versioned JSON."""
+
     model_config = ConfigDict(frozen=True, extra="ignore")
     v: Literal[1] = 1
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json().encode("utf-8")
 
+    def outbox_row(self, topic: str, key: str) -> dict[str, object]:
+        """The ``outbox`` row that publishes this envelope on ``topic`` under ``key``: the
+        one mapping of that table's rows, whichever side writes them."""
+        return {"topic": topic, "key": key, "payload": self.to_bytes()}
 
-class DispatchEnvelope(_Envelope):
+
+class DispatchEnvelope(Envelope):
     """One job to run. The input stays in PostgreSQL; the worker reads it when it claims."""
 
     type: Literal["dispatch"] = "dispatch"
@@ -32,7 +39,7 @@ class DispatchEnvelope(_Envelope):
     deadline: datetime
 
 
-class JobEvent(_Envelope):
+class JobEvent(Envelope):
     """A state change of a job, emitted through the outbox after it is committed."""
 
     type: Literal["job.state"] = "job.state"
@@ -45,7 +52,7 @@ class JobEvent(_Envelope):
     error_code: str | None = None
 
 
-class DeadRecord(_Envelope):
+class DeadRecord(Envelope):
     """A record set aside on the dead-letter topic because it could not be handled: where
     it came from, why, and what it held (as text, cut to MAX_DEAD_PAYLOAD characters)."""
 

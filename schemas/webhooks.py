@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.envelopes import Envelope
 from schemas.errors import InvalidRequest, SluicegateError
 
 # NOTIFY channel: a delivery row was made (payload: its id); wakes every dispatcher.
@@ -164,11 +165,9 @@ class WebhookPayload(BaseModel):
     data: JobData | BatchData
 
 
-class WebhookDeadLetter(BaseModel):
+class WebhookDeadLetter(Envelope):
     """The record on the dead-letter topic for a delivery that was given up."""
 
-    model_config = ConfigDict(frozen=True)
-    v: Literal[1] = 1
     type: Literal["webhook.dead"] = "webhook.dead"
     source: Literal["webhook"] = "webhook"
     delivery_id: str
@@ -180,9 +179,6 @@ class WebhookDeadLetter(BaseModel):
     last_status: int | None
     reason: str
     at: datetime
-
-    def to_bytes(self) -> bytes:
-        return self.model_dump_json().encode("utf-8")
 
 
 # The API's views.

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -47,7 +49,7 @@ def _with_database(url: str, name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_admin_url() -> Iterator[str]:
     """A plain postgresql:// URL to a maintenance database of a real server."""
     if url := os.environ.get("SLUICEGATE_TEST_DATABASE_URL"):
         yield libpq_url(url)
@@ -57,12 +59,17 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with PostgresContainer("postgres:16", driver=None) as container:
             yield libpq_url(container.get_connection_url())
     else:
-        server = EmbeddedPostgres(tmp_path_factory.mktemp("postgres"))
+        # Not under pytest's basetemp: every pytest session that starts resets that root to
+        # mode 0700, which (as root, where the server runs as its own user) would cut a
+        # server of another session still running off its data directory.
+        data_dir = Path(tempfile.mkdtemp(prefix="sluicegate-test-postgres-"))
+        server = EmbeddedPostgres(data_dir)
         server.start()
         try:
             yield server.admin_url
         finally:
             server.stop()
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ bodies and responses: the route decorators and signatures say them). The error c
 from where the code defines them: each ``SluicegateError`` class (its code, status and
 docstring), the body-limit exceptions, the codes the exception handlers answer with
 (``producers.api.errors.HANDLER_CODES``) and the admission refusals
-(``producers.admission.controller``).
+(``producers.admission.policy``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 METHODS = ("get", "post", "put", "patch", "delete")
 # The rooms whose errors the API answers with (the workers' are never an HTTP answer).
 ROOMS = ("schemas", "producers")
-# Codes a SluicegateError class defines that are never an HTTP answer.
-NOT_ANSWERS = {"poison_record": "a dead-letter reason of the workers"}
 # Header parameters that say who the caller is: shown once, under Headers.
 AUTH_HEADERS = ("authorization", "x-sluicegate-tenant")
 _CONSTRAINTS = (
@@ -107,7 +105,7 @@ def error_codes() -> list[ErrorCode]:
     the rooms the API is made of (whatever else the process has imported)."""
     for room in ROOMS:
         package = importlib.import_module(room)
-        for module in pkgutil.iter_modules(package.__path__, f"{room}."):
+        for module in pkgutil.walk_packages(package.__path__, f"{room}."):
             importlib.import_module(module.name)
     found: dict[str, ErrorCode] = {}
 
@@ -119,7 +117,7 @@ def error_codes() -> list[ErrorCode]:
         code = cls.__dict__.get("code")
         if cls.__module__.split(".")[0] not in ROOMS or issubclass(cls, Refused):
             continue
-        if isinstance(code, str) and code not in NOT_ANSWERS:
+        if isinstance(code, str):
             add(code, cls.status, _meaning(cls), _source(cls))
     body_limits: list[BodyTooLarge | RequestTimeout] = [BodyTooLarge(0), RequestTimeout()]
     for exc in body_limits:
@@ -373,7 +371,7 @@ class Renderer:
             "A refused submit stores nothing. Its answer carries `Retry-After` and the yield "
             'body `{"status": "yield", "retry_after_ms", "reason", "lag", "error": {"code", '
             '"message"}}`, whose `reason` and `error.code` are one of these '
-            "(`producers/admission/controller.py`):",
+            "(`producers/admission/policy.py`):",
             "",
             "| code | HTTP status | meaning |",
             "| --- | --- | --- |",

@@ -32,6 +32,4 @@ async def set_aside(
     await conn.execute(
         insert(dead_letters).values(source=source, subject=subject, reason=reason, payload=text)
     )
-    await conn.execute(
-        insert(outbox).values(topic=dead_letter_topic, key=subject, payload=record.to_bytes())
-    )
+    await conn.execute(insert(outbox).values(record.outbox_row(dead_letter_topic, subject)))

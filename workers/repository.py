@@ -368,7 +368,7 @@ def _event(
     attempt: int,
     at: datetime,
     error: Mapping[str, Any],
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """An outbox row announcing the job's (``row``: id, tenant, callback_url) new state."""
     event = JobEvent(
         job_id=str(row["id"]),
@@ -379,4 +379,4 @@ def _event(
         callback_url=row["callback_url"],
         error_code=error.get("code"),
     )
-    return {"topic": topic, "key": event.job_id, "payload": event.to_bytes()}
+    return event.outbox_row(topic, event.job_id)

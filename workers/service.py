@@ -17,7 +17,7 @@ from sluicegate.settings import Settings
 from workers.consumer import Worker
 from workers.control import Control
 from workers.engines.base import InferenceEngine
-from workers.engines.sim import SimEngine
+from workers.engines.sim.engine import SimEngine
 from workers.execution import Executor
 from workers.gate import PreDecodeGate, PullGate
 from workers.kv import ExpectedOutput
@@ -42,7 +42,7 @@ def build_engine(settings: Settings) -> InferenceEngine:
     if settings.engine == "sim":
         return build_sim_engine(settings)
     if settings.engine == "vllm_http":
-        from workers.engines.vllm_http import VllmHttpEngine
+        from workers.engines.vllm.http import VllmHttpEngine
 
         return VllmHttpEngine(
             base_url=settings.vllm_url,
@@ -51,7 +51,7 @@ def build_engine(settings: Settings) -> InferenceEngine:
             request_timeout_s=settings.vllm_request_timeout_s,
         )
     if settings.engine == "llamacpp":
-        from workers.engines.llamacpp import LlamaCppEngine
+        from workers.engines.llamacpp.engine import LlamaCppEngine
 
         return LlamaCppEngine(
             base_url=settings.llamacpp_url,
@@ -61,7 +61,7 @@ def build_engine(settings: Settings) -> InferenceEngine:
             request_timeout_s=settings.llamacpp_request_timeout_s,
         )
     if settings.engine == "vllm_local":
-        from workers.engines.vllm_local import VllmLocalEngine
+        from workers.engines.vllm.local import VllmLocalEngine
 
         return VllmLocalEngine(
             model=settings.vllm_model,

@@ -261,7 +261,7 @@ def event_row(topic: str, job: Job, at: datetime, code: str) -> dict[str, object
         callback_url=job.callback_url,
         error_code=code,
     )
-    return {"topic": topic, "key": job.id, "payload": event.to_bytes()}
+    return event.outbox_row(topic, job.id)
 
 
 def _owned(tenant: str, job_id: str) -> ColumnElement[bool]:

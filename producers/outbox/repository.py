@@ -70,7 +70,7 @@ def dispatch_row(topic: str, job: Mapping[Any, Any]) -> dict[str, object]:
         prompt_tokens=estimate_tokens(job["input"]),
         deadline=job["deadline"],
     )
-    return {"topic": topic, "key": str(job["id"]), "payload": envelope.to_bytes()}
+    return envelope.outbox_row(topic, str(job["id"]))
 
 
 async def redispatch(conn: AsyncConnection, topic: str, which: ColumnElement[bool]) -> list[str]:

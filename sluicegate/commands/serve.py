@@ -11,8 +11,9 @@ from sluicegate import migrate
 from sluicegate.local import model as models
 from sluicegate.process import configure_logging, run_until_signal
 from sluicegate.settings import MissingSetting, Settings
-from workers.engines import llamacpp_server, sim_server
 from workers.engines.errors import EngineError
+from workers.engines.llamacpp import server as llamacpp_server
+from workers.engines.sim import server as sim_server
 from workers.service import build_sim_engine, run_worker
 from workers.webhooks.process import run_webhooks
 

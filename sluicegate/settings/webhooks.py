@@ -10,7 +10,7 @@ from sluicegate.settings.base import SettingsGroup
 
 
 class WebhookSettings(SettingsGroup):
-    """The webhook dispatcher (`sluicegate webhooks`; `workers/webhooks/app.py`,
+    """The webhook dispatcher (`sluicegate webhooks`; `workers/webhooks/process.py`,
     docs/webhooks.md), which delivers job events to the tenants' callback URLs."""
 
     title: ClassVar[str] = "Webhooks"

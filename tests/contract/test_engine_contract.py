@@ -22,10 +22,10 @@ from workers.engines.errors import (
     EngineNotRunning,
     RequestTooLarge,
 )
-from workers.engines.output import simulated_output
-from workers.engines.sim import SimEngine
-from workers.engines.sim_server import create_app, running
-from workers.engines.vllm_http import VllmHttpEngine
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.output import simulated_output
+from workers.engines.sim.server import create_app, running
+from workers.engines.vllm.http import VllmHttpEngine
 
 MODEL = "sim-8b"
 BLOCKS = 256

@@ -23,7 +23,7 @@ from tests.llamacpp import bundled_model
 from tests.unit.test_gate import envelope as dispatch_envelope
 from workers.engines.base import GenerationRequest
 from workers.engines.errors import DuplicateRequest, EngineNotRunning, RequestTooLarge
-from workers.engines.llamacpp import LlamaCppEngine, deferred_requests
+from workers.engines.llamacpp.engine import LlamaCppEngine, deferred_requests
 from workers.gate import PullGate
 
 pytestmark = pytest.mark.timeout(180)

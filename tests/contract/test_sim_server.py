@@ -14,11 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
-from workers.engines.output import simulated_output
-from workers.engines.sim import SimEngine
-from workers.engines.sim_protocol import EOS_ID
-from workers.engines.sim_server import create_app, running
-from workers.tokens import count_tokens
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.output import simulated_output
+from workers.engines.sim.protocol import EOS_ID
+from workers.engines.sim.server import create_app, running
+from workers.engines.sim.tokens import count_tokens
 
 MODEL = "sim-8b"
 BLOCKS = 64

@@ -15,9 +15,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
 from workers.engines.errors import EngineAborted, EngineError, EngineUnavailable
-from workers.engines.sim import SimEngine
-from workers.engines.sim_server import create_app, running
-from workers.engines.vllm_http import UNKNOWN, VllmHttpEngine, capacity_from_metrics
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.server import create_app, running
+from workers.engines.vllm.http import UNKNOWN, VllmHttpEngine, capacity_from_metrics
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 REQUEST = GenerationRequest(request_id="r1", kind=JobKind.COMPLETE, input="hi", max_tokens=50)

@@ -27,8 +27,8 @@ from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
 from workers.engines.errors import EngineAborted, EngineError, RequestTooLarge
 from workers.engines.prompts import build_prompt
-from workers.engines.sim_server import running
-from workers.engines.vllm_http import VllmHttpEngine
+from workers.engines.sim.server import running
+from workers.engines.vllm.http import VllmHttpEngine
 
 PRIMARY = "meta-llama/Llama-3.1-8B-Instruct"
 ALIAS = "llama-8b"

@@ -26,7 +26,7 @@ with warnings.catch_warnings():
 from schemas.jobs import JobKind
 from workers.engines.base import Capacity, GenerationRequest
 from workers.engines.errors import DuplicateRequest, EngineNotRunning, RequestTooLarge
-from workers.engines.vllm_local import VllmLocalEngine
+from workers.engines.vllm.local import VllmLocalEngine
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)

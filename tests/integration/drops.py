@@ -13,7 +13,7 @@ from benchmarks.overload import Counting
 from schemas.states import JobState
 from sluicegate.db import libpq_url
 from sluicegate.settings import Settings
-from workers.engines.sim import SimEngine
+from workers.engines.sim.engine import SimEngine
 
 # 600 sentences: about 10k prompt tokens, and a summary that runs to ~2,000 output tokens.
 LONG_DOC = " ".join(

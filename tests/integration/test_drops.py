@@ -31,7 +31,7 @@ from tests.integration.pipeline import Pipeline, open_pipeline
 from tests.integration.serving import post_then_hang_up, serving
 from workers.consumer import Worker
 from workers.engines.base import GenerationRequest
-from workers.engines.sim import SimEngine
+from workers.engines.sim.engine import SimEngine
 from workers.gate import Candidate, Drop
 from workers.repository import WorkerRepository
 from workers.service import run_worker

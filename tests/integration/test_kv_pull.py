@@ -21,7 +21,7 @@ from sluicegate.db import make_engine
 from sluicegate.settings import Settings
 from tests.integration.pipeline import Pipeline, open_pipeline
 from workers.consumer import Worker
-from workers.engines.sim import SimEngine
+from workers.engines.sim.engine import SimEngine
 from workers.gate import JobProgress
 from workers.service import run_worker
 

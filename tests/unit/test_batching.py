@@ -2,8 +2,8 @@
 
 from collections import Counter
 
-from workers.engines.batching import BatchScheduler, SimRequest
-from workers.engines.blocks import BlockAllocator
+from workers.engines.sim.batching import BatchScheduler, SimRequest
+from workers.engines.sim.blocks import BlockAllocator
 
 
 def run(scheduler: BatchScheduler, limit: int = 1000) -> tuple[Counter[str], list[int]]:

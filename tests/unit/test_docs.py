@@ -11,7 +11,7 @@ from schemas import constants
 from schemas import webhooks as webhook_schemas
 from sluicegate.settings import Settings
 from tests.unit.deploy.metrics import exported_series
-from workers.engines.sim_protocol import CompletionRequest
+from workers.engines.sim.protocol import CompletionRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -10,7 +10,7 @@ import pytest
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import JobKind, Priority
 from workers.engines.base import GenerationRequest
-from workers.engines.sim import SimEngine
+from workers.engines.sim.engine import SimEngine
 from workers.gate import PullGate
 from workers.kv import ExpectedOutput
 

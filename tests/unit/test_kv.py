@@ -5,9 +5,9 @@ import random
 import pytest
 
 from schemas.jobs import JobKind
-from workers.engines.batching import BatchScheduler, SimRequest
-from workers.engines.blocks import BlockAllocator, OutOfBlocks
-from workers.engines.profiles import GPU_80GB, LLAMA_8B, Roofline, num_gpu_blocks
+from workers.engines.sim.batching import BatchScheduler, SimRequest
+from workers.engines.sim.blocks import BlockAllocator, OutOfBlocks
+from workers.engines.sim.profiles import GPU_80GB, LLAMA_8B, Roofline, num_gpu_blocks
 from workers.kv import ExpectedOutput, KvLedger, kv_need
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest, InferenceEngine
-from workers.engines.output import simulated_output
-from workers.engines.profiles import GPU_80GB, LLAMA_8B, Roofline
-from workers.engines.sim import SimEngine
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.output import simulated_output
+from workers.engines.sim.profiles import GPU_80GB, LLAMA_8B, Roofline
 
 DOC = " ".join(f"Sentence number {i} tells the simulator something new." for i in range(40))
 

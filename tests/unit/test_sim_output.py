@@ -6,9 +6,9 @@ import pytest
 
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
-from workers.engines.output import COMPLETION_MARK, pseudo_completion, simulated_output
-from workers.summarize import split_sentences, summarize
-from workers.tokens import tokenize
+from workers.engines.sim.output import COMPLETION_MARK, pseudo_completion, simulated_output
+from workers.engines.sim.summarize import split_sentences, summarize
+from workers.engines.sim.tokens import tokenize
 
 DOC = (
     "The harbour master reopened the east basin on Friday. Dredging had removed most of the "

@@ -3,14 +3,14 @@ from __future__ import annotations
 import pytest
 
 from sluicegate.samples import sample_documents
-from workers.summarize import (
+from workers.engines.sim.summarize import (
     content_words,
     score_sentences,
     select_sentences,
     split_sentences,
     summarize,
 )
-from workers.tokens import count_tokens, tokenize, truncate
+from workers.engines.sim.tokens import count_tokens, tokenize, truncate
 
 DOC = """The river authority opened the new lock on Monday. Engineers tested the lock gates for
 a week before the opening. Local boat owners welcomed the new lock and the shorter journey.

@@ -24,8 +24,8 @@ from workers.engines.errors import (
 )
 from workers.engines.prompts import build_prompt
 from workers.engines.streaming import output_pieces
-from workers.engines.vllm_local import VllmLocalEngine
-from workers.engines.vllm_stats import StatsSink, capacity_from
+from workers.engines.vllm.local import VllmLocalEngine
+from workers.engines.vllm.stats import StatsSink, capacity_from
 
 
 def engine() -> VllmLocalEngine:
@@ -51,8 +51,8 @@ def scheduler_stats(
 
 def test_the_module_imports_without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # any `import vllm...` now fails
-    monkeypatch.delitem(sys.modules, "workers.engines.vllm_local")
-    module = importlib.import_module("workers.engines.vllm_local")
+    monkeypatch.delitem(sys.modules, "workers.engines.vllm.local")
+    module = importlib.import_module("workers.engines.vllm.local")
     assert module.VllmLocalEngine.name == "vllm_local"
 
 

@@ -284,8 +284,6 @@ class AttemptRepository:
             )
         )
         await conn.execute(
-            insert(outbox).values(
-                topic=self._dead_letter_topic, key=dead.id, payload=record.to_bytes()
-            )
+            insert(outbox).values(record.outbox_row(self._dead_letter_topic, dead.id))
         )
         return 1

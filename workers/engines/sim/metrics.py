@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from workers.engines.sim import SimEngine
+from workers.engines.sim.engine import SimEngine
 
 LABELS = ("model_name", "engine")
 REQUEST_LATENCY_BUCKETS = (

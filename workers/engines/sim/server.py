@@ -64,8 +64,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
 from workers.engines.prompts import document_of
-from workers.engines.sim import SimEngine
-from workers.engines.sim_protocol import (
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.protocol import (
     AbortRequest,
     CompletionRequest,
     TokenizeRequest,
@@ -73,8 +73,8 @@ from workers.engines.sim_protocol import (
     token_id,
     unknown_model,
 )
-from workers.engines.sim_requests import Completion, Server, ServerConfig
-from workers.tokens import count_tokens, tokenize
+from workers.engines.sim.requests import Completion, Server, ServerConfig
+from workers.engines.sim.tokens import count_tokens, tokenize
 
 log = logging.getLogger(__name__)
 

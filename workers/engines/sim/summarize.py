@@ -22,7 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from workers.tokens import count_tokens
+from workers.engines.sim.tokens import count_tokens
 
 TokenCounter = Callable[[str], int]
 

@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from workers.engines.base import Capacity, GenerationRequest
-from workers.engines.batching import BatchScheduler, SimRequest
-from workers.engines.blocks import BlockAllocator
 from workers.engines.errors import DuplicateRequest, EngineNotRunning, RequestTooLarge
-from workers.engines.output import simulated_output
-from workers.engines.profiles import GPU_80GB, LLAMA_8B, GpuProfile, ModelProfile, Roofline
-from workers.engines.profiles import num_gpu_blocks as profile_blocks
-from workers.tokens import count_tokens
+from workers.engines.sim.batching import BatchScheduler, SimRequest
+from workers.engines.sim.blocks import BlockAllocator
+from workers.engines.sim.output import simulated_output
+from workers.engines.sim.profiles import GPU_80GB, LLAMA_8B, GpuProfile, ModelProfile, Roofline
+from workers.engines.sim.profiles import num_gpu_blocks as profile_blocks
+from workers.engines.sim.tokens import count_tokens
 
 
 @dataclass

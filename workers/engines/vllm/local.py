@@ -33,7 +33,7 @@ from workers.engines.errors import (
 )
 from workers.engines.prompts import build_prompt
 from workers.engines.streaming import output_pieces
-from workers.engines.vllm_stats import StatsSink
+from workers.engines.vllm.stats import StatsSink
 
 
 def raise_unless_complete(output: Any, request_id: str) -> None:

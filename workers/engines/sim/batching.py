@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from workers.engines.blocks import BlockAllocator
+from workers.engines.sim.blocks import BlockAllocator
 
 
 @dataclass

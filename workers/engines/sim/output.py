@@ -14,8 +14,8 @@ from itertools import pairwise
 
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
-from workers.summarize import summarize
-from workers.tokens import tokenize
+from workers.engines.sim.summarize import summarize
+from workers.engines.sim.tokens import tokenize
 
 COMPLETION_MARK = "[sim]"
 """The first piece of every simulated completion, so nobody mistakes it for a model's text."""

@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry
 
 from workers.engines.base import GenerationRequest
 from workers.engines.errors import EngineError
-from workers.engines.output import simulated_output
-from workers.engines.sim import SimEngine
-from workers.engines.sim_metrics import EngineGauges, RequestMetrics
-from workers.engines.sim_protocol import (
+from workers.engines.sim.engine import SimEngine
+from workers.engines.sim.metrics import EngineGauges, RequestMetrics
+from workers.engines.sim.output import simulated_output
+from workers.engines.sim.protocol import (
     EOS_ID,
     CompletionRequest,
     engine_status,
