@@ -38,6 +38,9 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
     After its drain, uvicorn gives the signal back to the handler it found; the default one
     would kill the drained process (exit -15), so ours exits 0.
     """
+    # Said before uvicorn starts: from inside its lifespan, a missing setting is a traceback.
+    settings.require_database_url()
+    settings.require_kafka()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
     if processes > 1:

@@ -176,8 +176,8 @@ def test_no_stack_running_is_one_line(tmp_path: Path) -> None:
         assert_one_line_error(ran, 5, f"cannot reach the Sluicegate API at {nowhere}", "up")
     ran = run("keys", "create", "alice", env=env)
     assert_one_line_error(ran, 2, "no local stack runs on", "sluicegate up")
-    ran = run("relay", env=env)
-    assert_one_line_error(ran, 1, "SLUICEGATE_DATABASE_URL is not set")
+    for role in ("api", "relay", "worker", "webhooks", "migrate"):
+        assert_one_line_error(run(role, env=env), 1, "SLUICEGATE_DATABASE_URL is not set")
 
 
 def test_bad_flags_and_input_are_one_line(tmp_path: Path) -> None:
