@@ -8,11 +8,13 @@ from typing import Annotated, Any
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from schemas.jobs import Job, JobKind, Priority
+from schemas.sampling import SamplingFields
 from schemas.states import JobState
 
 
-class SubmitJob(BaseModel):
-    """POST /v1/jobs. Give an absolute ``deadline`` or a relative ``ttl_s``, not both."""
+class SubmitJob(SamplingFields):
+    """POST /v1/jobs. Give an absolute ``deadline`` or a relative ``ttl_s``, not both.
+    ``model``, ``temperature``, ``top_p``, ``stop`` and ``seed`` are OpenAI's."""
 
     model_config = ConfigDict(extra="forbid")
 

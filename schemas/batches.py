@@ -16,19 +16,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
+from schemas.batch_lines import ENDPOINTS as ENDPOINTS  # re-exported
+from schemas.batch_lines import RequestLine as RequestLine
+from schemas.batch_lines import line_job as line_job
 from schemas.errors import InvalidRequest, SluicegateError
-from schemas.jobs import Job, JobKind
+from schemas.jobs import Job
 from schemas.states import TERMINAL_STATES, JobState
 
-# The urls a request line may name, and the job kind each becomes.
-ENDPOINTS: Mapping[str, JobKind] = {
-    "/v1/jobs": JobKind.SUMMARIZE,  # the body names its kind; summarize if it does not
-    "/v1/summarize": JobKind.SUMMARIZE,
-    "/v1/completions": JobKind.COMPLETE,
-    "/v1/chat/completions": JobKind.COMPLETE,
-}
 DEFAULT_WINDOW = "24h"
 MAX_ERRORS_SHOWN = 20
 _TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
@@ -101,14 +97,35 @@ def window_seconds(window: str) -> float:
 
 
 class CreateBatch(BaseModel):
-    """POST /v1/batches as JSON. ``requests`` are OpenAI Batch input lines."""
+    """POST /v1/batches as JSON: the request lines themselves (``requests``), or, as in
+    OpenAI's Batch API, an uploaded file of them (``input_file_id`` and ``endpoint``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     requests: Annotated[
-        list[dict[str, Any]],
+        list[dict[str, Any]] | None,
         Field(min_length=1, description="OpenAI Batch request lines: custom_id, method, url, body"),
-    ]
+    ] = None
+    input_file_id: Annotated[
+        StrictStr | None,
+        Field(
+            max_length=64,
+            description="A file uploaded with POST /v1/files (purpose batch) that holds the "
+            "request lines, instead of requests",
+        ),
+    ] = None
+    endpoint: Annotated[
+        StrictStr | None,
+        Field(
+            max_length=64,
+            description="The url every request line names (/v1/chat/completions, "
+            "/v1/completions or /v1/jobs); checked against the lines when given",
+        ),
+    ] = None
+    output_expires_after: Annotated[
+        dict[str, Any] | None,
+        Field(description="Accepted for OpenAI's clients; result files are kept with the batch"),
+    ] = None
     completion_window: Annotated[
         StrictStr, Field(description="The batch's deadline from now: 24h, 30m, 1h30m")
     ] = DEFAULT_WINDOW
@@ -116,77 +133,11 @@ class CreateBatch(BaseModel):
     callback_url: Annotated[StrictStr, Field(max_length=2048)] | None = None
     priority: Literal["low", "normal", "high"] = "normal"
 
-
-class RequestLine(BaseModel):
-    """One line of OpenAI Batch input."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    custom_id: Annotated[StrictStr, Field(min_length=1, max_length=512)]
-    method: Literal["POST"]
-    url: StrictStr
-    body: dict[str, Any]
-
-
-class JobBody(BaseModel):
-    """The body of a ``/v1/jobs`` line: a job without its deadline (the batch's)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: JobKind = JobKind.SUMMARIZE
-    input: StrictStr
-    max_tokens: Annotated[int, Field(ge=1, strict=True)] = 256
-
-
-class CompletionBody(BaseModel):
-    """``/v1/completions``: model and sampling parameters are accepted and not applied (a
-    worker's engine serves one model)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    prompt: StrictStr
-    max_tokens: Annotated[int, Field(ge=1, strict=True)] = 256
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: StrictStr
-    content: StrictStr | list[dict[str, Any]]
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
-
-
-class ChatBody(BaseModel):
-    """``/v1/chat/completions``: the messages become one prompt, ``role: content`` each."""
-
-    model_config = ConfigDict(extra="allow")
-
-    messages: Annotated[list[Message], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1, strict=True)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1, strict=True)] | None = None
-
-
-def line_job(line: RequestLine) -> tuple[JobKind, str, int]:
-    """The kind, input and max_tokens a request line asks for (pydantic's ValidationError
-    or ValueError when its body does not fit its url)."""
-    if line.url not in ENDPOINTS:
-        raise ValueError(f"url {line.url!r} is not one of {', '.join(ENDPOINTS)}")
-    if line.url == "/v1/jobs":
-        job = JobBody.model_validate(line.body)
-        return job.kind, job.input, job.max_tokens
-    if line.url == "/v1/summarize":
-        doc = JobBody.model_validate({**line.body, "kind": JobKind.SUMMARIZE.value})
-        return JobKind.SUMMARIZE, doc.input, doc.max_tokens
-    if line.url == "/v1/completions":
-        completion = CompletionBody.model_validate(line.body)
-        return JobKind.COMPLETE, completion.prompt, completion.max_tokens
-    chat = ChatBody.model_validate(line.body)
-    prompt = "\n\n".join(f"{m.role}: {m.text()}" for m in chat.messages)
-    return JobKind.COMPLETE, prompt, chat.max_completion_tokens or chat.max_tokens or 256
+    @model_validator(mode="after")
+    def _one_source(self) -> CreateBatch:
+        if (self.requests is None) == (self.input_file_id is None):
+            raise ValueError("send either requests or input_file_id, not both and not neither")
+        return self
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,6 +154,7 @@ class Batch:
     total: int
     created_at: datetime
     cancelled_at: datetime | None
+    input_file_id: str | None
 
 
 def batch_from_row(row: Mapping[Any, Any]) -> Batch:
@@ -218,6 +170,7 @@ def batch_from_row(row: Mapping[Any, Any]) -> Batch:
         total=row["total"],
         created_at=row["created_at"],
         cancelled_at=row["cancelled_at"],
+        input_file_id=row["input_file_id"],
     )
 
 
@@ -248,11 +201,11 @@ class BatchView(BaseModel):
     object: Literal["batch"] = "batch"
     endpoint: str
     errors: None = None
-    input_file_id: None = None
+    input_file_id: str | None = None
     completion_window: str
     status: Status
-    output_file_id: None = None
-    error_file_id: None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
     created_at: int
     in_progress_at: int
     expires_at: int
@@ -271,8 +224,43 @@ class BatchView(BaseModel):
 
 
 class BatchList(BaseModel):
+    """OpenAI's list of batches (``first_id``, ``last_id``, ``has_more``: ask again with
+    ``after=last_id``); ``next_after`` is the same cursor, null on the last page."""
+
+    object: Literal["list"] = "list"
     data: list[BatchView]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
     next_after: str | None
+
+
+ResultPart = Literal["output", "error"]
+_RESULT_FILE = re.compile(
+    r"^file-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(output|error)$"
+)
+
+
+def result_file_id(batch_id: str, part: ResultPart) -> str:
+    """The id of a batch's output file (its succeeded lines) or error file (the rest), as
+    OpenAI splits them; read with GET /v1/files/{id}/content once the batch has ended."""
+    return f"file-{batch_id}-{part}"
+
+
+def result_file(file_id: str) -> tuple[str, ResultPart] | None:
+    """The batch and part a result file id names; None for any other file id."""
+    match = _RESULT_FILE.match(file_id)
+    if match is None:
+        return None
+    part: ResultPart = "output" if match.group(2) == "output" else "error"
+    return match.group(1), part
+
+
+def in_part(job: Job, part: ResultPart | None) -> bool:
+    """Whether a terminal job's line belongs in ``part`` (None: every line)."""
+    if part is None:
+        return True
+    return (job.state is JobState.SUCCEEDED) == (part == "output")
 
 
 def _unix(at: datetime | None) -> int | None:
@@ -292,6 +280,7 @@ def batch_view(
     return BatchView(
         id=batch.id,
         endpoint=batch.endpoint,
+        input_file_id=batch.input_file_id,
         completion_window=batch.completion_window,
         status=status,
         created_at=int(batch.created_at.timestamp()),
@@ -301,6 +290,8 @@ def batch_view(
         expired_at=_unix(done) if status == "expired" else None,
         cancelling_at=_unix(batch.cancelled_at),
         cancelled_at=_unix(done) if status == "cancelled" else None,
+        output_file_id=result_file_id(batch.id, "output") if done and succeeded else None,
+        error_file_id=result_file_id(batch.id, "error") if done and ended > succeeded else None,
         request_counts=RequestCounts(
             total=batch.total, completed=succeeded, failed=ended - succeeded
         ),
@@ -325,7 +316,7 @@ def _response_body(endpoint: str, job: Job) -> dict[str, Any]:
     }
     finish = "length" if output_tokens >= job.max_tokens else "stop"
     created = int((job.finished_at or job.created_at).timestamp())
-    model = str(result.get("engine", ""))
+    model = str(result.get("model") or result.get("engine", ""))  # as asked, else the engine
     if endpoint == "/v1/chat/completions":
         return {
             "id": f"chatcmpl-{job.id}",

@@ -48,6 +48,7 @@ class NewJob:
     request_hash: str | None
     abandon_on_disconnect: bool = False
     abandon_after_s: float | None = None
+    params: dict[str, Any] | None = None  # model and sampling parameters (schemas/sampling.py)
 
 
 @dataclass(frozen=True, kw_only=True)

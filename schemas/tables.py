@@ -68,6 +68,8 @@ jobs = Table(
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # Output tokens decoded on the attempt that ended the job (wasted unless it succeeded).
     Column("decoded_tokens", Integer, nullable=True),
+    # The request's model and sampling parameters, those given (schemas/sampling.py).
+    Column("params", JSONB, nullable=True),
     # A job of a batch: its batch and the caller's custom_id (unique within the batch).
     Column("batch_id", UUID(as_uuid=False), ForeignKey("batches.id"), nullable=True),
     Column("custom_id", Text, nullable=True),
@@ -179,6 +181,9 @@ batches = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("cancelled_at", DateTime(timezone=True), nullable=True),
     Column("finished_at", DateTime(timezone=True), nullable=True),
+    # The uploaded file (POST /v1/files) the batch was made from; null for a batch sent
+    # whole. Not a foreign key: the file may be deleted while its batch is kept.
+    Column("input_file_id", Text, nullable=True),
     CheckConstraint("total > 0", name="total"),
     Index(
         "uq_batches_tenant_idempotency_key",
@@ -253,4 +258,27 @@ dead_letters = Table(
     Column("payload", Text, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_dead_letters_tenant_source", "tenant", "source"),
+)
+
+# Uploaded files (POST /v1/files, OpenAI's Files API): one row per file, its content in
+# file_parts, about 1 MiB a part in order of seq. Deleting a file deletes its parts.
+files = Table(
+    "files",
+    metadata,
+    Column("id", Text, primary_key=True),  # "file-" and 24 random hex digits
+    Column("tenant", Text, nullable=False),
+    Column("filename", Text, nullable=False),
+    Column("purpose", Text, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("lines", Integer, nullable=False),  # newline-separated lines, blank ones too
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_files_tenant_created_at", "tenant", "created_at", "id"),
+)
+
+file_parts = Table(
+    "file_parts",
+    metadata,
+    Column("file_id", Text, ForeignKey("files.id", ondelete="CASCADE"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
 )

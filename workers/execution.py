@@ -153,6 +153,7 @@ class Executor:
             kind=job.kind,
             input=job.input,
             max_tokens=job.max_tokens,
+            sampling=job.sampling,
         )
         progress.prompt_counted(job.prompt_tokens)
         out = Decoded()
@@ -212,6 +213,8 @@ class Executor:
             "prompt_tokens": job.prompt_tokens,
             "output_tokens": len(pieces),
         }
+        if job.sampling is not None and job.sampling.model is not None:
+            result["model"] = job.sampling.model  # the model asked for: output lines report it
         written = await self._finish(
             job, JobState.SUCCEEDED, result=result, decoded_tokens=len(pieces), at=ended
         )

@@ -19,6 +19,7 @@ from schemas.jobs import JobKind
 from schemas.states import CLAIMABLE_STATES, JobState
 from schemas.tables import jobs, outbox
 from workers.dead_letter_store import set_aside
+from workers.engines.base import SamplingParams
 from workers.gate import Candidate, Drop
 
 Judge = Callable[[Candidate], Drop | None]
@@ -38,6 +39,7 @@ class Claimed:
     attempt: int
     callback_url: str | None
     prompt_tokens: int = 0
+    sampling: SamplingParams | None = None  # the request's model and sampling parameters
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +65,7 @@ _CLAIM_COLUMNS = (
     jobs.c.abandon_after_s,
     jobs.c.last_seen_at,
     jobs.c.error,
+    jobs.c.params,
 )
 
 
@@ -358,6 +361,7 @@ def _claimed(row: Mapping[Any, Any], prompt_tokens: int, attempt: int) -> Claime
         attempt=attempt,
         callback_url=row["callback_url"],
         prompt_tokens=prompt_tokens,
+        sampling=SamplingParams.from_stored(row["params"]),
     )
 
 

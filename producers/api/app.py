@@ -1,5 +1,5 @@
 """The HTTP API's app factory: the lifespan, the body limits, the error handlers and the
-routers of jobs, health and metrics, batches and webhooks."""
+routers of jobs, health and metrics, batches, files and webhooks."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from producers.admission.limits import BodyLimit
-from producers.api import batches, errors, health, jobs, webhooks
+from producers.api import batches, errors, files, health, jobs, webhooks
 from producers.api.lifespan import Lifespan
 from producers.lag.monitor import LagSource
 from sluicegate.settings import Settings
+
+MULTIPART_OVERHEAD = 65_536
 
 
 def create_app(
@@ -24,7 +26,11 @@ def create_app(
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,
-        paths={"/v1/batches": settings.max_batch_bytes},
+        paths={
+            "/v1/batches": settings.max_batch_bytes,
+            # The file, its purpose and the multipart boundaries around them.
+            "/v1/files": settings.max_file_bytes + MULTIPART_OVERHEAD,
+        },
         read_timeout_s=settings.request_read_timeout_s,
         min_rate=settings.request_min_rate,
     )
@@ -34,5 +40,6 @@ def create_app(
     app.include_router(jobs.router)
     app.include_router(health.router)
     app.include_router(batches.router)
+    app.include_router(files.router)
     app.include_router(webhooks.router)
     return app

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -21,8 +20,10 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from producers.api import openapi
-from producers.api.deps import Admission, AppSettings, Batches, Tenant
+from producers.api.deps import Admission, AppSettings, Batches, Files, Tenant
 from producers.batches.input import create_body, jsonl_lines, new_batch, parse_create
+from producers.batches.results import result_lines
+from producers.files.repository import FileStore
 from producers.metrics import SUBMITTED
 from schemas import constants
 from schemas.batches import (
@@ -31,14 +32,12 @@ from schemas.batches import (
     CreateBatch,
     InvalidMultipart,
     UnsupportedMediaType,
-    result_line,
 )
 from schemas.errors import BatchNotFound, InvalidJson, InvalidRequest
 from schemas.jobs import estimate_tokens
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
-RESULTS_CHUNK = 500
 JSONL = "application/jsonl"
 JSONL_TYPES = (JSONL, "application/x-ndjson", "application/json-lines")
 
@@ -114,6 +113,18 @@ async def _body(request: Request) -> CreateBatch:
     )
 
 
+async def _from_file(body: CreateBatch, files: FileStore, tenant: str) -> CreateBatch:
+    """The batch with the request lines of its ``input_file_id`` (checked line by line
+    when it was uploaded, and again as a batch)."""
+    if body.input_file_id is None:
+        return body
+    found = await files.get(tenant, body.input_file_id)  # 404 file_not_found
+    if found.purpose != "batch":
+        raise InvalidRequest(f"file {found.id} has purpose {found.purpose!r}, not 'batch'")
+    lines = [json.loads(line) async for _, line in files.lines(tenant, found.id)]
+    return body.model_copy(update={"requests": lines})
+
+
 @router.post(
     "",
     status_code=201,
@@ -135,6 +146,7 @@ async def create_batch(
     settings: AppSettings,
     admission: Admission,
     store: Batches,
+    files: Files,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -147,7 +159,7 @@ async def create_batch(
 ) -> JSONResponse:
     """Admitted whole (201) or refused whole (429/503 with Retry-After, 413 when it can
     never fit); an idempotent replay answers 200 with the batch stored first."""
-    body = await _body(request)
+    body = await _from_file(await _body(request), files, tenant)
     now = datetime.now(UTC)
     new = new_batch(
         body, tenant=tenant, idempotency_key=idempotency_key, now=now, settings=settings
@@ -184,11 +196,20 @@ async def create_batch(
 async def list_batches(
     store: Batches,
     tenant: Tenant,
-    after: Annotated[uuid.UUID | None, Query(description="next_after of the last page")] = None,
+    after: Annotated[
+        uuid.UUID | None, Query(description="last_id (or next_after) of the last page")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> BatchList:
     page, more = await store.page(tenant, after=str(after) if after else None, limit=limit)
-    return BatchList(data=page, next_after=page[-1].id if more else None)
+    first, last = (page[0].id, page[-1].id) if page else (None, None)
+    return BatchList(
+        data=page,
+        first_id=first,
+        last_id=last,
+        has_more=more,
+        next_after=last if more else None,
+    )
 
 
 @router.get("/{batch_id}", response_model=BatchView, summary="Read a batch")
@@ -216,21 +237,8 @@ async def batch_results(
     ``after`` to go on from there: a finished batch gives every line in one call."""
     owned = _batch_id(batch_id)
     endpoint = await store.endpoint(tenant, owned)  # 404 before the stream starts
-
-    async def lines() -> AsyncIterator[bytes]:
-        cursor = str(after) if after else None
-        while True:
-            run = await store.finished_run(owned, after=cursor, limit=RESULTS_CHUNK)
-            if run:
-                yield "".join(
-                    json.dumps(result_line(endpoint, job), separators=(",", ":")) + "\n"
-                    for job in run
-                ).encode()
-                cursor = run[-1].id
-            if len(run) < RESULTS_CHUNK:
-                return
-
-    return StreamingResponse(lines(), media_type=JSONL)
+    lines = result_lines(store, owned, endpoint, after=str(after) if after else None)
+    return StreamingResponse(lines, media_type=JSONL)
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchView, summary="Cancel a batch")

@@ -14,6 +14,7 @@ from fastapi import Depends, Header, Request
 from producers.admission.controller import AdmissionController
 from producers.api.waiting import Waiting
 from producers.batches.repository import BatchStore
+from producers.files.repository import FileStore
 from producers.jobs.group_commit import GroupCommit
 from producers.jobs.repository import JobRepository
 from producers.lag.monitor import LagMonitor
@@ -60,6 +61,11 @@ async def batch_store(request: Request) -> BatchStore:
     return store
 
 
+async def file_store(request: Request) -> FileStore:
+    store: FileStore = request.app.state.files
+    return store
+
+
 async def webhook_store(repo: Annotated[JobRepository, Depends(job_repository)]) -> WebhookStore:
     return WebhookStore(repo.engine)
 
@@ -76,6 +82,7 @@ Admission = Annotated[AdmissionController, Depends(admission)]
 Monitor = Annotated[LagMonitor, Depends(lag_monitor)]
 Waits = Annotated[Waiting, Depends(waiting)]
 Batches = Annotated[BatchStore, Depends(batch_store)]
+Files = Annotated[FileStore, Depends(file_store)]
 Webhooks = Annotated[WebhookStore, Depends(webhook_store)]
 Keys = Annotated[KeyStore, Depends(key_store)]
 

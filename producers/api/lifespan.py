@@ -18,6 +18,7 @@ from producers.admission.policy import Policy
 from producers.admission.ratelimit import TenantLimits
 from producers.api.waiting import Reads, Waiters
 from producers.batches.repository import BatchStore
+from producers.files.repository import FileStore
 from producers.jobs.group_commit import GroupCommit
 from producers.jobs.repository import JobRepository
 from producers.lag.kafka import KafkaLagSource
@@ -37,6 +38,7 @@ class Services:
     repo: JobRepository
     group_commit: GroupCommit
     batches: BatchStore
+    files: FileStore
     keys: KeyStore
     admission: AdmissionController
     monitor: LagMonitor
@@ -89,6 +91,7 @@ def build(
         batches=BatchStore(
             db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic
         ),
+        files=FileStore(db),
         keys=KeyStore(db, cache_s=settings.api_key_cache_s),
         admission=AdmissionController(
             Policy.of(settings),

@@ -20,7 +20,7 @@ HEADERS: dict[str, dict[str, Any]] = {
         "schema": {"type": "integer"},
     },
     "Location": {
-        "description": "The status URL of the job or batch",
+        "description": "The status URL of the job, batch or file",
         "schema": {"type": "string"},
     },
     constants.HEADER_IDEMPOTENT_REPLAY: {

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from producers.batches.repository import BatchRequest, NewBatch
+from schemas.batch_lines import line_request
 from schemas.batches import (
     DEFAULT_WINDOW,
     MAX_ERRORS_SHOWN,
@@ -23,11 +24,11 @@ from schemas.batches import (
     InvalidCompletionWindow,
     InvalidJsonl,
     RequestLine,
-    line_job,
     window_seconds,
 )
 from schemas.errors import InvalidRequest, SluicegateError
 from schemas.jobs import Priority, utf8_length
+from schemas.sampling import check_model
 from schemas.webhooks import check_callback_url
 from sluicegate.settings import Settings
 
@@ -91,14 +92,18 @@ def requests_of(values: list[Any], settings: Settings) -> tuple[str, list[BatchR
         custom_id = value.get("custom_id") if isinstance(value, dict) else None
         try:
             line = RequestLine.model_validate(value)
-            kind, text, max_tokens = line_job(line)
-            _check_input(text, max_tokens, settings)
+            asked = line_request(line)
+            _check_input(asked.input, asked.max_tokens, settings)
+            check_model(asked.model, settings.models)
         except ValidationError as exc:
             problems.append(
                 _problem(number, custom_id, "invalid_request", _validation_message(exc))
             )
             continue
-        except (ValueError, SluicegateError) as exc:
+        except SluicegateError as exc:  # model_not_found, or invalid_request
+            problems.append(_problem(number, custom_id, exc.code, str(exc)))
+            continue
+        except ValueError as exc:
             problems.append(_problem(number, custom_id, "invalid_request", str(exc)))
             continue
         if line.custom_id in seen:
@@ -113,7 +118,13 @@ def requests_of(values: list[Any], settings: Settings) -> tuple[str, list[BatchR
             problems.append(_problem(number, custom_id, "mixed_urls", message))
             continue
         requests.append(
-            BatchRequest(custom_id=line.custom_id, kind=kind, input=text, max_tokens=max_tokens)
+            BatchRequest(
+                custom_id=line.custom_id,
+                kind=asked.kind,
+                input=asked.input,
+                max_tokens=asked.max_tokens,
+                params=asked.params,
+            )
         )
     if problems:
         raise InvalidBatch(
@@ -148,7 +159,13 @@ def new_batch(
         )
     if body.callback_url is not None:
         check_callback_url(body.callback_url)
+    if body.requests is None:
+        raise InvalidRequest("the batch has no requests (its input file is not read yet)")
     endpoint, requests = requests_of(body.requests, settings)
+    if body.endpoint is not None and body.endpoint != endpoint:
+        raise InvalidBatch(
+            f"the batch's endpoint is {body.endpoint}, but its request lines name {endpoint}"
+        )
     return NewBatch(
         tenant=tenant,
         endpoint=endpoint,
@@ -160,6 +177,7 @@ def new_batch(
         idempotency_key=idempotency_key,
         request_hash=_request_hash(body) if idempotency_key else None,
         requests=requests,
+        input_file_id=body.input_file_id,
     )
 
 

@@ -30,19 +30,21 @@ _CREATE = text(
     """
 WITH batch AS (
     INSERT INTO batches (id, tenant, status, endpoint, completion_window, deadline,
-                         callback_url, metadata, total, idempotency_key, request_hash)
+                         callback_url, metadata, total, idempotency_key, request_hash,
+                         input_file_id)
     VALUES (CAST(:id AS uuid), :tenant, 'in_progress', :endpoint, :window, :deadline,
-            :callback_url, CAST(:metadata AS jsonb), :total, :key, :hash)
+            :callback_url, CAST(:metadata AS jsonb), :total, :key, :hash, :input_file_id)
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 ), new_jobs AS (
     INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline,
-                      batch_id, custom_id)
+                      batch_id, custom_id, params)
     SELECT t.id, :tenant, t.kind, 'queued', :priority, t.input, t.max_tokens, :deadline,
-           batch.id, t.custom_id
+           batch.id, t.custom_id, CAST(t.params AS jsonb)
     FROM batch, unnest(CAST(:ids AS uuid[]), CAST(:kinds AS text[]), CAST(:inputs AS text[]),
-                       CAST(:max_tokens AS int[]), CAST(:custom_ids AS text[]))
-         AS t(id, kind, input, max_tokens, custom_id)
+                       CAST(:max_tokens AS int[]), CAST(:custom_ids AS text[]),
+                       CAST(:params AS text[]))
+         AS t(id, kind, input, max_tokens, custom_id, params)
     RETURNING 1
 ), new_outbox AS (
     INSERT INTO outbox (topic, key, payload)
@@ -67,6 +69,7 @@ class BatchRequest:
     kind: JobKind
     input: str
     max_tokens: int
+    params: dict[str, Any] | None = None  # model and sampling parameters (schemas/sampling.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +84,7 @@ class NewBatch:
     idempotency_key: str | None
     request_hash: str | None
     requests: Sequence[BatchRequest]
+    input_file_id: str | None = None
 
 
 class BatchStore:
@@ -116,12 +120,14 @@ class BatchStore:
             "total": len(ids),
             "key": new.idempotency_key,
             "hash": new.request_hash,
+            "input_file_id": new.input_file_id,
             "priority": new.priority.value,
             "ids": ids,
             "kinds": [r.kind.value for r in new.requests],
             "inputs": [r.input for r in new.requests],
             "max_tokens": [r.max_tokens for r in new.requests],
             "custom_ids": [r.custom_id for r in new.requests],
+            "params": [json.dumps(r.params) if r.params else None for r in new.requests],
             "topic": self._dispatch_topic,
             "payloads": payloads,
         }

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from schemas.api import SubmitJob
 from schemas.errors import InvalidRequest, PayloadTooLarge
 from schemas.jobs import NewJob, utf8_length
+from schemas.sampling import SamplingFields, check_model
 from schemas.webhooks import check_callback_url
 from sluicegate.settings import Settings
 
@@ -38,7 +39,10 @@ class MaxTokensTooLarge(InvalidRequest):
 
 def request_hash(body: SubmitJob) -> str:
     """What an idempotent replay must match: the request without its key."""
-    canonical = body.model_dump_json(exclude={"idempotency_key"})
+    # Parameters not given are left out, so a request's hash is the one it had before
+    # they existed.
+    unset = {name for name in SamplingFields.model_fields if getattr(body, name) is None}
+    canonical = body.model_dump_json(exclude={"idempotency_key", *unset})
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -58,6 +62,7 @@ def new_job(
         raise InvalidRequest("input is blank", details=[{"loc": ["input"], "type": "blank"}])
     if body.max_tokens > settings.max_tokens_limit:
         raise MaxTokensTooLarge(f"max_tokens is over the limit of {settings.max_tokens_limit}")
+    check_model(body.model, settings.models)
     if body.callback_url is not None:
         check_callback_url(body.callback_url)
     if body.abandon_after_s is not None and body.abandon_after_s > settings.max_ttl_s:
@@ -88,4 +93,5 @@ def new_job(
         request_hash=request_hash(body) if key else None,
         abandon_on_disconnect=body.abandon_on_disconnect,
         abandon_after_s=body.abandon_after_s,
+        params=body.stored_params(),
     )

@@ -3,6 +3,7 @@ statement, and the answer to an idempotent replay."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC
 from typing import Any
@@ -34,16 +35,17 @@ WITH given AS (
         CAST(:deadlines AS timestamptz[]), CAST(:callback_urls AS text[]),
         CAST(:keys AS text[]), CAST(:hashes AS text[]),
         CAST(:abandon_on_disconnect AS boolean[]), CAST(:abandon_after_s AS float8[]),
-        CAST(:payloads AS bytea[])
+        CAST(:params AS text[]), CAST(:payloads AS bytea[])
     ) WITH ORDINALITY AS t(id, tenant, kind, priority, input, max_tokens, deadline,
                            callback_url, idempotency_key, request_hash,
-                           abandon_on_disconnect, abandon_after_s, payload, n)
+                           abandon_on_disconnect, abandon_after_s, params, payload, n)
 ), new_jobs AS (
     INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline,
                       callback_url, idempotency_key, request_hash, abandon_on_disconnect,
-                      abandon_after_s)
+                      abandon_after_s, params)
     SELECT id, tenant, kind, 'queued', priority, input, max_tokens, deadline, callback_url,
-           idempotency_key, request_hash, abandon_on_disconnect, abandon_after_s
+           idempotency_key, request_hash, abandon_on_disconnect, abandon_after_s,
+           CAST(params AS jsonb)
     FROM given
     ORDER BY tenant, idempotency_key, n
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -65,6 +67,10 @@ SELECT id, deadline, created_at, updated_at, last_seen_at, attempt FROM new_jobs
     jobs.c.last_seen_at,
     jobs.c.attempt,
 )
+
+
+def _json(value: dict[str, Any] | None) -> str | None:
+    return json.dumps(value) if value is not None else None
 
 
 def new_job_id() -> str:
@@ -177,6 +183,7 @@ class SubmitRepository:
             "hashes": [n.request_hash for n in group],
             "abandon_on_disconnect": [n.abandon_on_disconnect for n in group],
             "abandon_after_s": [_float(n.abandon_after_s) for n in group],
+            "params": [_json(n.params) for n in group],
             "payloads": [_dispatch(job_id, n) for job_id, n in zip(ids, group, strict=True)],
             "topic": self._dispatch_topic,
         }

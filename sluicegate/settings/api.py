@@ -51,6 +51,18 @@ class ApiSettings(SettingsGroup):
         description="Most requests one batch may hold (`lag_hard` bounds it too: a batch "
         "fits under it whole).",
     )
+    max_file_bytes: int = Field(
+        default=200 * 1_048_576,
+        ge=1024,
+        description="Largest file `POST /v1/files` takes, in bytes (OpenAI's Batch input "
+        "limit, 200 MB); its multipart body may be 64 KiB over it (413 otherwise).",
+    )
+    max_file_lines: int = Field(
+        default=50_000,
+        ge=1,
+        description="Most request lines (blank lines aside) a `purpose=batch` file may hold "
+        "(OpenAI's Batch limit).",
+    )
     request_read_timeout_s: float = Field(
         default=15.0,
         gt=0,
@@ -72,6 +84,14 @@ class ApiSettings(SettingsGroup):
     )
     max_tokens_limit: int = Field(
         default=8192, ge=1, description="Largest `max_tokens` a job may ask for."
+    )
+    models: list[str] = Field(
+        default=["sim", "llamacpp", "vllm_http", "vllm_local", "meta-llama/Llama-3.1-8B-Instruct"],
+        min_length=1,
+        description="The model names the workers serve (names of their one model): a request's "
+        "`model` must be one of them or left out, else 404 `model_not_found` (a batch line's "
+        "error). By default the engines' names, which results report as their `model`, and "
+        '`vllm_model`\'s default. A JSON list: `["my-model"]`.',
     )
     default_ttl_s: float = Field(
         default=3600.0,

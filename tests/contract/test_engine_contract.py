@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.jobs import JobKind
-from workers.engines.base import GenerationRequest, InferenceEngine
+from workers.engines.base import GenerationRequest, InferenceEngine, SamplingParams
 from workers.engines.errors import (
     DuplicateRequest,
     EngineAborted,
@@ -142,6 +142,30 @@ async def test_streams_the_simulated_output_exactly(
     if isinstance(engine, SimEngine):
         assert pieces == simulated_output(request_)  # one token's text an item
     assert len(pieces) > 20
+
+
+async def test_stop_and_seed_are_applied(make_engine: MakeEngine) -> None:
+    engine = await make_engine()
+
+    def completion(rid: str, **sampling: Any) -> GenerationRequest:
+        return GenerationRequest(
+            request_id=rid,
+            kind=JobKind.COMPLETE,
+            input=PROMPT,
+            max_tokens=80,
+            sampling=SamplingParams(**sampling) if sampling else None,
+        )
+
+    plain, _ = streamed(await collect(engine, completion("plain")))
+    stop = " " + plain.split()[4]
+    stopped, _ = streamed(await collect(engine, completion("stop", stop=(stop, "never seen"))))
+    assert stopped == plain[: plain.index(stop)]  # up to the stop string, left out
+    seeded = [
+        streamed(await collect(engine, completion(f"seed{i}", seed=seed, temperature=0.7)))[0]
+        for i, seed in enumerate((7, 7, 8))
+    ]
+    assert seeded[0] == seeded[1]  # the same seed, the same output
+    assert len({seeded[0], seeded[2], plain}) == 3  # another seed (or none), another output
 
 
 async def test_max_tokens_is_respected(make_engine: MakeEngine) -> None:

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from typing import Any
 
 import httpx
 import pytest
@@ -21,8 +23,13 @@ from schemas.jobs import JobKind
 from sluicegate.local.embedded import free_port
 from tests.llamacpp import bundled_model
 from tests.unit.test_gate import envelope as dispatch_envelope
-from workers.engines.base import GenerationRequest
-from workers.engines.errors import DuplicateRequest, EngineNotRunning, RequestTooLarge
+from workers.engines.base import GenerationRequest, SamplingParams
+from workers.engines.errors import (
+    DuplicateRequest,
+    EngineNotRunning,
+    RequestTooLarge,
+    UnsupportedParameter,
+)
 from workers.engines.llamacpp.engine import LlamaCppEngine, deferred_requests
 from workers.gate import PullGate
 
@@ -117,6 +124,26 @@ async def test_a_summary_is_the_models_text_counted_as_the_server_counts(
     assert text not in DOC  # a summary, not the input echoed back
     assert 1 <= len(pieces) <= 24
     assert len(pieces) == after - before  # one item per token the server decoded
+
+
+async def test_stop_and_seed_reach_the_server(engine: LlamaCppEngine) -> None:
+    def asked(rid: str, **sampling: Any) -> GenerationRequest:
+        request = summary(rid, max_tokens=24)
+        return replace(request, sampling=SamplingParams(**sampling))
+
+    greedy = "".join(await collect(engine, asked("greedy", temperature=0.0, seed=1)))
+    words = greedy.split()
+    assert len(words) >= 4, greedy
+    stop = " " + words[3]
+    cut = "".join(await collect(engine, asked("cut", temperature=0.0, seed=1, stop=(stop,))))
+    assert cut == greedy[: greedy.index(stop)]  # the same greedy text, up to the stop string
+    hot = [
+        "".join(await collect(engine, asked(f"hot{i}", temperature=1.5, top_p=0.95, seed=seed)))
+        for i, seed in enumerate((5, 5))
+    ]
+    assert hot[0] == hot[1]  # a hot sample, repeated by its seed
+    with pytest.raises(UnsupportedParameter):  # llama.cpp would wrap it, or draw at random
+        await collect(engine, asked("seedless", seed=-1))
 
 
 async def test_capacity_is_slots_and_shows_a_busy_one(

@@ -28,7 +28,7 @@ def chat(
         "method": "POST",
         "url": "/v1/chat/completions",
         "body": {
-            "model": "any",
+            "model": "sim",  # one of the served names (setting models)
             "messages": [{"role": "user", "content": text}],
             "max_tokens": 32,
         },
@@ -286,3 +286,21 @@ async def test_another_tenants_batch_is_404(api: httpx.AsyncClient) -> None:
     assert [b["id"] for b in mine] == [batch["id"]]
     r = await api.get("/v1/jobs", params={"batch_id": batch["id"]}, headers=other)
     assert r.json()["data"] == []
+
+
+async def test_the_list_pages_as_openai_lists_do(api: httpx.AsyncClient) -> None:
+    made = [(await create(api, 1))["id"] for _ in range(3)]
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        params = {"limit": 2, **({"after": after} if after else {})}
+        page = (await api.get("/v1/batches", params=params, headers=TENANT)).json()
+        assert page["object"] == "list"
+        ids = [b["id"] for b in page["data"]]
+        assert (page["first_id"], page["last_id"]) == (ids[0], ids[-1])
+        assert page["next_after"] == (page["last_id"] if page["has_more"] else None)
+        seen += ids
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == made[::-1]

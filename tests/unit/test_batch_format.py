@@ -8,10 +8,15 @@ import pytest
 from pydantic import ValidationError
 
 from schemas.batches import (
+    CreateBatch,
     InvalidCompletionWindow,
     RequestLine,
     batch_status,
+    batch_view,
+    in_part,
     line_job,
+    result_file,
+    result_file_id,
     result_line,
     window_seconds,
 )
@@ -132,3 +137,58 @@ def test_output_lines() -> None:
     late = result_line("/v1/completions", job(JobState.EXPIRED, error=stop))
     assert late["response"] is None
     assert late["error"] == {"code": "deadline_passed", "message": "too late"}
+
+
+BATCH = "0195a3c2-7d4e-7f00-8a1b-2c3d4e5f6a7b"
+
+
+def batch_row(**extra: object) -> dict[str, object]:
+    return {
+        "id": BATCH,
+        "tenant": "t",
+        "endpoint": "/v1/completions",
+        "completion_window": "24h",
+        "deadline": AT,
+        "callback_url": None,
+        "metadata": None,
+        "total": 3,
+        "created_at": AT,
+        "cancelled_at": None,
+        "input_file_id": "file-abc",
+        **extra,
+    }
+
+
+def test_result_files_are_split_as_openai_splits_them() -> None:
+    assert result_file(result_file_id(BATCH, "output")) == (BATCH, "output")
+    assert result_file(result_file_id(BATCH, "error")) == (BATCH, "error")
+    for other in ("file-abc", f"file-{BATCH}-outputs", f"{BATCH}-output", "file--output"):
+        assert result_file(other) is None
+    ok, late = job(JobState.SUCCEEDED), job(JobState.EXPIRED)
+    assert [in_part(ok, p) for p in ("output", "error", None)] == [True, False, True]
+    assert [in_part(late, p) for p in ("output", "error", None)] == [False, True, True]
+
+
+def test_the_batch_names_its_files_once_it_has_ended() -> None:
+    running = batch_view(batch_row(), {"succeeded": 1, "queued": 2}, None)
+    assert running.input_file_id == "file-abc"
+    assert (running.output_file_id, running.error_file_id) == (None, None)
+    mixed = batch_view(batch_row(), {"succeeded": 2, "failed": 1}, AT)
+    assert mixed.output_file_id == f"file-{BATCH}-output"
+    assert mixed.error_file_id == f"file-{BATCH}-error"
+    clean = batch_view(batch_row(), {"succeeded": 3}, AT)
+    assert (clean.output_file_id, clean.error_file_id) == (f"file-{BATCH}-output", None)
+    lost = batch_view(batch_row(), {"expired": 3}, AT)
+    assert (lost.output_file_id, lost.error_file_id) == (None, f"file-{BATCH}-error")
+
+
+def test_a_batch_is_its_lines_or_a_file_of_them() -> None:
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}
+    assert CreateBatch.model_validate({"requests": [line]}).input_file_id is None
+    made = CreateBatch.model_validate(
+        {"input_file_id": "file-abc", "endpoint": "/v1/completions", "completion_window": "24h"}
+    )
+    assert (made.input_file_id, made.requests) == ("file-abc", None)
+    for neither_or_both in ({}, {"requests": [line], "input_file_id": "file-abc"}):
+        with pytest.raises(ValidationError, match="either requests or input_file_id"):
+            CreateBatch.model_validate(neither_or_both)

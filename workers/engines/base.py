@@ -2,11 +2,57 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from schemas.jobs import JobKind
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """A job's model and sampling parameters, as its request gave them (None: the engine's
+    default). ``model`` was checked at ingress against the served names (setting
+    ``models``): each engine serves one model, so it is reported, not routed on."""
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    @classmethod
+    def from_stored(cls, params: Mapping[str, Any] | None) -> SamplingParams | None:
+        """The parameters a job's ``params`` column holds (schemas/sampling.py); None when
+        it holds none."""
+        if not params:
+            return None
+        temperature, top_p, seed = (
+            params.get("temperature"),
+            params.get("top_p"),
+            params.get("seed"),
+        )
+        return cls(
+            model=params.get("model"),
+            temperature=float(temperature) if temperature is not None else None,
+            top_p=float(top_p) if top_p is not None else None,
+            stop=tuple(str(s) for s in params.get("stop") or ()),
+            seed=int(seed) if seed is not None else None,
+        )
+
+
+def openai_sampling(sampling: SamplingParams | None) -> dict[str, Any]:
+    """The fields of an OpenAI-compatible request body that apply ``sampling`` (those set);
+    vLLM's and llama.cpp's servers both take ``temperature``, ``top_p``, ``stop``, ``seed``."""
+    if sampling is None:
+        return {}
+    fields: dict[str, Any] = {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "stop": list(sampling.stop) or None,
+        "seed": sampling.seed,
+    }
+    return {key: value for key, value in fields.items() if value is not None}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -15,6 +61,7 @@ class GenerationRequest:
     kind: JobKind
     input: str
     max_tokens: int
+    sampling: SamplingParams | None = None  # None: the engine's defaults throughout
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -39,6 +39,14 @@ class RequestTooLarge(EngineError):
     status = 422
 
 
+class UnsupportedParameter(EngineError):
+    """The job asks for a sampling parameter (or a value of one) this engine cannot apply;
+    it is refused rather than run without it."""
+
+    code = "unsupported_parameter"
+    status = 422
+
+
 class EngineAborted(EngineError):
     """The engine ended the request itself before its output did (vLLM's ``finish_reason``
     "abort": the server was paused, put to sleep, or told to abort it)."""

@@ -10,6 +10,9 @@ the server.
 
 - Prompts: ``/v1/chat/completions`` with the instruction as the system message
   (``prompts.chat_messages``); the server applies the model's own chat template.
+- Sampling: a job's ``temperature``, ``top_p``, ``stop`` and ``seed`` go in the body (the
+  job's temperature over ``temperature``); a seed outside 0..2**32-2, which llama.cpp would
+  wrap or take as "random", is refused (``UnsupportedParameter``).
 - Sizes: before sending, the templated prompt is counted by the server (``/apply-template``,
   then ``/tokenize``); prompt + ``max_tokens`` beyond a slot's context is ``RequestTooLarge``
   (llama.cpp itself would refuse only a prompt larger than the slot, and cut the output short
@@ -35,12 +38,13 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.jobs import estimate_tokens
-from workers.engines.base import Capacity, GenerationRequest
+from workers.engines.base import Capacity, GenerationRequest, SamplingParams, openai_sampling
 from workers.engines.errors import (
     EngineError,
     EngineNotRunning,
     EngineUnavailable,
     RequestTooLarge,
+    UnsupportedParameter,
 )
 from workers.engines.prompts import chat_messages
 from workers.engines.streaming import InFlight, Item, end_of_output, sse_events
@@ -50,6 +54,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0
 METRICS_EVERY = 10  # polls of /slots per read of /metrics (requests deferred)
 UNKNOWN = Capacity(total_blocks=0, free_blocks=0, block_size=1, running=0, waiting=0, preemptions=0)
+MAX_SEED = 2**32 - 2  # llama.cpp's seed is a uint32, and 2**32 - 1 means a random one
 
 
 class LlamaCppEngine:
@@ -139,6 +144,7 @@ class LlamaCppEngine:
         client = self._client
         if client is None:
             raise EngineNotRunning("the llama.cpp engine is not started (or already closed)")
+        check_sampling(request.sampling)
 
         def reader(items: asyncio.Queue[Item]) -> Coroutine[Any, Any, None]:
             return self._read(client, request, items)
@@ -158,6 +164,7 @@ class LlamaCppEngine:
             "repeat_penalty": self.repeat_penalty,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **openai_sampling(request.sampling),  # a job's temperature over the engine's
         }
         try:
             prompt_tokens = await self.prompt_tokens(client, messages)
@@ -220,6 +227,15 @@ class LlamaCppEngine:
             preemptions=0,
             max_running=self._slots,
             slot_context=self._slot_context,
+        )
+
+
+def check_sampling(sampling: SamplingParams | None) -> None:
+    """UnsupportedParameter for a seed llama.cpp would not apply as given (it takes a
+    uint32, and 2**32 - 1 means a random seed)."""
+    if sampling is not None and sampling.seed is not None and not 0 <= sampling.seed <= MAX_SEED:
+        raise UnsupportedParameter(
+            f"llama.cpp takes a seed from 0 to {MAX_SEED}, not {sampling.seed}"
         )
 
 

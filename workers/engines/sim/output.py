@@ -2,7 +2,9 @@
 
 The extractive summary of the document for ``summarize``, a pseudo-completion built from the
 prompt's own words for ``complete``, cut to ``max_tokens`` tokens. Deterministic: the same
-request always gives the same pieces.
+request always gives the same pieces. Sampling parameters: a ``seed`` picks another
+completion (the same one for the same seed), the output ends before the first ``stop``
+string it would contain, and ``temperature`` and ``top_p`` change nothing.
 """
 
 from __future__ import annotations
@@ -28,21 +30,32 @@ MAX_EXTRA_COMPLETION_WORDS = 120
 
 def simulated_output(request: GenerationRequest) -> list[str]:
     """The pieces the simulator decodes for ``request``, at most ``max_tokens`` of them."""
+    sampling = request.sampling
     if request.kind is JobKind.SUMMARIZE:
         text = summarize(request.input, max_tokens=request.max_tokens)
     else:
-        text = pseudo_completion(request.input)
-    return tokenize(text)[: max(0, request.max_tokens)]
+        text = pseudo_completion(request.input, seed=sampling.seed if sampling else None)
+    pieces = tokenize(text)[: max(0, request.max_tokens)]
+    if sampling is not None and sampling.stop:
+        return tokenize(cut_at_stop("".join(pieces), sampling.stop))
+    return pieces
 
 
-def pseudo_completion(prompt: str) -> str:
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """``text`` up to the first of the ``stop`` strings in it (left out, as OpenAI does)."""
+    ends = [at for at in (text.find(s) for s in stop) if at >= 0]
+    return text[: min(ends)] if ends else text
+
+
+def pseudo_completion(prompt: str, *, seed: int | None = None) -> str:
     """A deterministic continuation of ``prompt`` made of the prompt's own words.
 
     A random walk over the prompt's word pairs, seeded by a hash of the prompt, cut into
     sentences. Its length depends on the prompt (its hash and its length); it always starts
-    with ``COMPLETION_MARK``.
+    with ``COMPLETION_MARK``. A ``seed`` is hashed in with the prompt.
     """
-    seed = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big")
+    salted = prompt if seed is None else f"{seed}\x00{prompt}"
+    seed = int.from_bytes(hashlib.sha256(salted.encode("utf-8")).digest()[:8], "big")
     rng = random.Random(seed)
     words = _WORD.findall(prompt) or list(_FALLBACK_WORDS)
     following: dict[str, list[str]] = {}

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.jobs import JobKind
+from workers.engines.base import SamplingParams
 from workers.engines.errors import EngineError
 
 _VOCAB = 128_256  # token ids /tokenize reports are made-up hashes below this
@@ -35,6 +36,21 @@ class CompletionRequest(BaseModel):
     stream_interval: int | None = Field(default=None, ge=1)
     return_token_ids: bool = False
     sluicegate_kind: JobKind = JobKind.COMPLETE
+    # Sampling, with vLLM's bounds (its SamplingParams refuses the rest with a 400).
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+
+    def sampling(self) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return SamplingParams(
+            model=self.model,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=tuple(s for s in stop if s),
+            seed=self.seed,
+        )
 
 
 class TokenizeRequest(BaseModel):

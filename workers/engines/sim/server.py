@@ -4,7 +4,9 @@ the worker's ``vllm_http`` engine can be tried, and tested, without a GPU.
 
 - ``POST /v1/completions``: ``model``, ``prompt`` (a string), ``max_tokens`` (default 16),
   ``stream``, ``stream_options.include_usage`` (off unless asked:
-  ``entrypoints/generate/base/protocol.py`` ~293), ``stream_interval``, ``return_token_ids``.
+  ``entrypoints/generate/base/protocol.py`` ~293), ``stream_interval``, ``return_token_ids``,
+  and the sampling fields ``temperature`` (>= 0), ``top_p`` (over 0 up to 1), ``stop`` and
+  ``seed``, applied as the simulator engine applies them (``sim/output.py``).
   Unknown fields are allowed, as vLLM allows them (``entrypoints/serve/engine/protocol.py``
   ~39). Streaming answers are server-sent events: the first token alone, then a chunk every
   ``stream_interval`` tokens (the larger of the request's and the server's, default 1:
@@ -180,6 +182,7 @@ def _routes(app: FastAPI, server: Server) -> None:
             if body.sluicegate_kind is JobKind.SUMMARIZE
             else body.prompt,
             max_tokens=min(body.max_tokens, server.context - prompt_tokens),  # vLLM caps
+            sampling=body.sampling(),
         )
         completion = Completion(
             server, engine, request, external=external, engine_index=index, body=body,

@@ -5,6 +5,8 @@ Generation streams ``POST /v1/completions`` (server-sent events) with the reques
 ``X-Request-Id`` header:
 
 - the prompt is ``prompts.build_prompt``: a summary carries its instruction;
+- the job's ``temperature``, ``top_p``, ``stop`` and ``seed`` go in the body as given (vLLM
+  applies all four); ``model`` is the configured one (the job's was checked at ingress);
 - ``return_token_ids`` and ``stream_options.include_usage`` are asked for, since one chunk can
   carry several tokens (``stream_interval``) or none with text (an EOS): each chunk gives its
   text and then one empty item per further token, and the stream is made up to the server's
@@ -57,7 +59,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.jobs import estimate_tokens
-from workers.engines.base import Capacity, GenerationRequest
+from workers.engines.base import Capacity, GenerationRequest, openai_sampling
 from workers.engines.errors import (
     EngineError,
     EngineNotRunning,
@@ -229,6 +231,7 @@ class VllmHttpEngine:
             "return_token_ids": True,
             "stream_options": {"include_usage": True},
             "sluicegate_kind": request.kind.value,  # sim-server only; vLLM allows extras
+            **openai_sampling(request.sampling),  # the server's defaults for those not given
         }
         headers = {REQUEST_ID_HEADER: request.request_id}
         try:

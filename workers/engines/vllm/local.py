@@ -9,6 +9,8 @@ Written against vLLM 0.33 (the ``vllm`` extra). vLLM is imported only in ``start
   same prompt works for base and instruct models alike.
 - Tokens: the prompt is tokenized here with the engine's tokenizer and submitted as token
   ids, so the size check below and the engine see the same prompt.
+- Sampling: a job's ``temperature``, ``top_p``, ``stop`` and ``seed`` map to vLLM's
+  ``SamplingParams`` of the same names (``sampling_kwargs``).
 - Output: ``SamplingParams(output_kind=DELTA)``; each delta's text is yielded, followed by an
   empty string for every further token the delta carries (vLLM merges deltas when the
   consumer falls behind), so the stream has one item per generated token.
@@ -23,7 +25,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from workers.engines.base import Capacity, GenerationRequest
+from workers.engines.base import Capacity, GenerationRequest, SamplingParams
 from workers.engines.errors import (
     DuplicateRequest,
     EngineAborted,
@@ -34,6 +36,23 @@ from workers.engines.errors import (
 from workers.engines.prompts import build_prompt
 from workers.engines.streaming import output_pieces
 from workers.engines.vllm.stats import StatsSink
+
+
+def sampling_kwargs(sampling: SamplingParams | None, temperature: float) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` arguments for a job's parameters: its temperature (else the
+    engine's), and its ``top_p``, ``stop`` and ``seed`` where given (vLLM's defaults else)."""
+    kwargs: dict[str, Any] = {"temperature": temperature}
+    if sampling is None:
+        return kwargs
+    if sampling.temperature is not None:
+        kwargs["temperature"] = sampling.temperature
+    if sampling.top_p is not None:
+        kwargs["top_p"] = sampling.top_p
+    if sampling.stop:
+        kwargs["stop"] = list(sampling.stop)
+    if sampling.seed is not None:
+        kwargs["seed"] = sampling.seed
+    return kwargs
 
 
 def raise_unless_complete(output: Any, request_id: str) -> None:
@@ -192,8 +211,8 @@ class VllmLocalEngine:
 
         params = SamplingParams(
             max_tokens=request.max_tokens,
-            temperature=self._temperature,
             output_kind=RequestOutputKind.DELTA,
+            **sampling_kwargs(request.sampling, self._temperature),
         )
         token = object()
         self._active[request_id] = token

@@ -1,0 +1,1 @@
+"""Uploaded files (OpenAI's Files API): their checks and their SQL."""

@@ -1,0 +1,137 @@
+"""OpenAI's own Python client against `sluicegate up`, as a batch user's code runs it:
+files.create → batches.create → batches.retrieve until it ends → files.content of its
+output file; cancel, the error file, and the list paged by the client itself."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai import OpenAI
+from openai.types import Batch
+
+from tests.e2e.stack import RunningStack
+
+ENDED = ("completed", "expired", "cancelled", "failed")
+
+
+def request(custom_id: str) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "sim",  # the stack's engine, one of the served models
+            "messages": [{"role": "user", "content": f"Summarize: document {custom_id}."}],
+            "max_tokens": 16,
+        },
+    }
+
+
+def client_of(stack: RunningStack) -> OpenAI:
+    key = stack.headers["Authorization"].removeprefix("Bearer ")
+    return OpenAI(base_url=f"{stack.api_url}/v1", api_key=key, max_retries=0)
+
+
+def upload(client: OpenAI, tmp_path: Path, custom_ids: list[str]) -> str:
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps(request(c)) + "\n" for c in custom_ids))
+    with path.open("rb") as f:
+        return client.files.create(file=f, purpose="batch").id
+
+
+def wait_ended(client: OpenAI, batch_id: str, timeout_s: float = 90) -> Batch:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ENDED:
+            return batch
+        time.sleep(0.2)
+    raise AssertionError(f"batch {batch_id} did not end: {batch}")
+
+
+def lines_of(client: OpenAI, file_id: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def test_a_batch_from_an_uploaded_file_completes_and_its_output_file_parses(
+    stack_factory: Callable[..., RunningStack], tmp_path: Path
+) -> None:
+    with client_of(stack_factory(workers=1)) as client:
+        run_to_the_end(client, tmp_path)
+
+
+def run_to_the_end(client: OpenAI, tmp_path: Path) -> None:
+    custom_ids = [f"doc-{i}" for i in range(5)]
+    file_id = upload(client, tmp_path, custom_ids)
+    made = client.batches.create(
+        input_file_id=file_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"who": "e2e"},
+    )
+    assert (made.status, made.input_file_id, made.metadata) == (
+        "in_progress",
+        file_id,
+        {"who": "e2e"},
+    )
+    done = wait_ended(client, made.id)
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed) == (5, 5)
+    assert done.error_file_id is None
+    assert done.output_file_id is not None
+    output = lines_of(client, done.output_file_id)
+    assert sorted(line["custom_id"] for line in output) == custom_ids
+    for line in output:
+        body = line["response"]["body"]
+        assert line["error"] is None
+        assert body["object"] == "chat.completion"
+        assert body["choices"][0]["message"]["content"]
+    shown = client.files.retrieve(done.output_file_id)
+    assert shown.purpose == "batch_output"
+    assert shown.bytes == len(client.files.content(done.output_file_id).content)
+
+
+def test_cancel_fills_the_error_file_and_the_list_pages(
+    stack_factory: Callable[..., RunningStack], tmp_path: Path
+) -> None:
+    # No worker: every job is still queued when its batch is cancelled.
+    with client_of(stack_factory(workers=0)) as client:
+        cancel_and_page(client, tmp_path)
+
+
+def cancel_and_page(client: OpenAI, tmp_path: Path) -> None:
+    file_id = upload(client, tmp_path, ["a", "b", "c"])
+    made = [
+        client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        for _ in range(3)
+    ]
+    listed = [batch.id for batch in client.batches.list(limit=2)]  # the client pages itself
+    assert listed == [batch.id for batch in reversed(made)]
+    cancelling = client.batches.cancel(made[0].id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    ended = wait_ended(client, made[0].id)
+    assert ended.status == "cancelled"
+    assert ended.output_file_id is None
+    assert ended.error_file_id is not None
+    errors = lines_of(client, ended.error_file_id)
+    assert sorted(line["custom_id"] for line in errors) == ["a", "b", "c"]
+    assert {line["error"]["code"] for line in errors} == {"cancelled"}
+    assert all(line["response"] is None for line in errors)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.batches.create(
+            input_file_id="file-0123456789abcdef01234567",
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
+    assert missing.value.code == "file_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.files.content(f"file-{made[1].id}-output")  # still running: no such file yet
