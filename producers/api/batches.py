@@ -23,6 +23,7 @@ from producers.api import openapi
 from producers.api.deps import Admission, AppSettings, Batches, Files, Tenant
 from producers.batches.input import create_body, jsonl_lines, new_batch, parse_create
 from producers.batches.results import result_lines
+from producers.files.checks import json_line
 from producers.files.repository import FileStore
 from producers.metrics import SUBMITTED
 from schemas import constants
@@ -121,7 +122,7 @@ async def _from_file(body: CreateBatch, files: FileStore, tenant: str) -> Create
     found = await files.get(tenant, body.input_file_id)  # 404 file_not_found
     if found.purpose != "batch":
         raise InvalidRequest(f"file {found.id} has purpose {found.purpose!r}, not 'batch'")
-    lines = [json.loads(line) async for _, line in files.lines(tenant, found.id)]
+    lines = [json_line(n, line) async for n, line in files.lines(tenant, found.id)]
     return body.model_copy(update={"requests": lines})
 
 

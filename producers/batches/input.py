@@ -36,7 +36,7 @@ from sluicegate.settings import Settings
 def jsonl_lines(data: bytes) -> list[Any]:
     """The JSON values of a JSONL document (blank lines skipped)."""
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a leading byte-order mark is not part of line 1
     except UnicodeDecodeError as exc:
         raise InvalidJsonl(f"the file is not UTF-8 (byte {exc.start})") from None
     values = []

@@ -4,6 +4,7 @@ larger than its limits. Pure: no I/O."""
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any
 
@@ -59,11 +60,15 @@ class LineSplitter:
 
 
 def json_line(number: int, line: bytes) -> Any:
-    """The JSON value of line ``number`` (InvalidJsonl naming it when it is not one)."""
+    """The JSON value of line ``number`` (InvalidJsonl naming it when it is not one). The
+    first line may start with UTF-8's byte-order mark, as files saved on Windows do."""
+    if number == 1:
+        line = line.removeprefix(codecs.BOM_UTF8)
     try:
         return json.loads(line.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        reason = f"not UTF-8 (byte {exc.start})"
+        utf16 = number == 1 and line.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+        reason = "UTF-16, not UTF-8: save it as UTF-8" if utf16 else f"not UTF-8 (byte {exc.start})"
     except json.JSONDecodeError as exc:
         reason = f"not JSON: {exc.msg}"
     except RecursionError:

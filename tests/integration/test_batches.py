@@ -304,3 +304,28 @@ async def test_the_list_pages_as_openai_lists_do(api: httpx.AsyncClient) -> None
             break
         after = page["last_id"]
     assert seen == made[::-1]
+
+
+async def test_a_batch_from_an_uploaded_file_saved_with_a_byte_order_mark(
+    api: httpx.AsyncClient,
+) -> None:
+    data = b"\xef\xbb\xbf" + jsonl([chat("a"), chat("b")]).replace(b"\n", b"\r\n")
+    upload = await api.post(
+        "/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"}, headers=TENANT
+    )
+    assert upload.status_code == 201, upload.text
+    file_id = upload.json()["id"]
+    body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "1h"}
+    made = await api.post("/v1/batches", json=body, headers=TENANT)
+    assert made.status_code == 201, made.text
+    assert (made.json()["input_file_id"], made.json()["request_counts"]["total"]) == (file_id, 2)
+    wrong = await api.post(
+        "/v1/batches", json={**body, "endpoint": "/v1/completions"}, headers=TENANT
+    )
+    assert (wrong.status_code, wrong.json()["error"]["code"]) == (422, "invalid_batch")
+    raw = await api.post(
+        "/v1/batches?completion_window=1h",
+        content=data,
+        headers={**TENANT, "Content-Type": "application/jsonl"},
+    )
+    assert raw.status_code == 201, raw.text

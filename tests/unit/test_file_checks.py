@@ -3,12 +3,13 @@ request lines, the bad lines named by number, and the size and line limits."""
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any
 
 import pytest
 
-from producers.files.checks import BatchFileCheck, LineSplitter
+from producers.files.checks import BatchFileCheck, LineSplitter, json_line
 from schemas.batches import MAX_ERRORS_SHOWN, InvalidJsonl
 from schemas.errors import PayloadTooLarge
 from schemas.files import InvalidBatchLine
@@ -63,6 +64,16 @@ def test_a_line_that_is_not_json_is_named() -> None:
 def test_a_line_that_is_not_utf8_is_named() -> None:
     with pytest.raises(InvalidJsonl, match="line 1 is not UTF-8"):
         check(b'{"custom_id": "\xff"}\n')
+
+
+def test_a_file_saved_with_a_byte_order_mark() -> None:
+    data = jsonl(request("a"), request("b"))
+    assert check(codecs.BOM_UTF8 + data) == 2  # UTF-8's, as Windows tools write it
+    assert json_line(1, codecs.BOM_UTF8 + b'{"a": 1}') == {"a": 1}
+    with pytest.raises(InvalidJsonl, match="line 2 is not JSON"):
+        json_line(2, codecs.BOM_UTF8 + b'{"a": 1}')  # only a file's first line starts so
+    with pytest.raises(InvalidJsonl, match="line 1 is UTF-16, not UTF-8: save it as UTF-8"):
+        check(data.decode().encode("utf-16"))
 
 
 def test_bad_request_lines_are_listed_by_number() -> None:
