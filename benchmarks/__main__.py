@@ -91,6 +91,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(name="ingress", module="benchmarks.ingress", argv=(), expected_s=90),
     # 10 minutes at 2x capacity as real processes: only with --only soak.
     Scenario(name="soak", module="benchmarks.soak", argv=(), expected_s=900, in_suite=False),
+    # A 50,000-line batch file uploaded and made a batch: rates and the API's memory.
+    Scenario(name="files", module="benchmarks.files", argv=(), expected_s=120, in_suite=False),
 )
 BY_NAME = {s.name: s for s in SCENARIOS}
 
