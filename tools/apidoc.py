@@ -15,13 +15,11 @@ docstring), the body-limit exceptions, the codes the exception handlers answer w
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
 import json
 import pkgutil
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +32,7 @@ from producers.api.errors import HANDLER_CODES
 from schemas import reasons
 from schemas.errors import SluicegateError
 from sluicegate.settings import Settings
+from tools import generated
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 METHODS = ("get", "post", "put", "patch", "delete")
@@ -502,21 +501,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.apidoc", description=__doc__)
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", action="store_true", help=f"write {DOC}")
-    group.add_argument("--check", action="store_true", help=f"exit 1 if {DOC} is stale")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.write:
-        DOC.write_text(text, encoding="utf-8")
-    elif args.check:
-        if not DOC.exists() or DOC.read_text(encoding="utf-8") != text:
-            print(f"{DOC} is stale: run python -m tools.apidoc --write", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    return generated.main(argv, module="tools.apidoc", doc=DOC, description=__doc__, render=render)
 
 
 if __name__ == "__main__":

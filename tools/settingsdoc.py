@@ -13,11 +13,9 @@ machine) is shown as the factory's docstring, never as this machine's value.
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import re
-import sys
 import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -28,6 +26,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from sluicegate.settings import GROUPS, Settings, SettingsGroup
+from tools import generated
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 PREFIX = str(Settings.model_config.get("env_prefix", ""))
@@ -167,21 +166,9 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.settingsdoc", description=__doc__)
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", action="store_true", help=f"write {DOC}")
-    group.add_argument("--check", action="store_true", help=f"exit 1 if {DOC} is stale")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.write:
-        DOC.write_text(text, encoding="utf-8")
-    elif args.check:
-        if not DOC.exists() or DOC.read_text(encoding="utf-8") != text:
-            print(f"{DOC} is stale: run python -m tools.settingsdoc --write", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    return generated.main(
+        argv, module="tools.settingsdoc", doc=DOC, description=__doc__, render=render
+    )
 
 
 if __name__ == "__main__":
