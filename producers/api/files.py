@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 
 from producers.api import openapi
 from producers.api.deps import AppSettings, Batches, Files, Tenant
-from producers.batches.results import result_file
+from producers.batches.results import find_result_file
 from producers.files.checks import BatchFileCheck
 from producers.files.repository import PART_BYTES
 from schemas.batches import InvalidMultipart
@@ -137,10 +137,8 @@ async def list_files(
 @router.get("/{file_id}", response_model=FileObject, summary="Read a file's object")
 async def get_file(file_id: str, store: Files, batches: Batches, tenant: Tenant) -> FileObject:
     """An uploaded file, or a batch's output or error file once the batch has ended."""
-    if (made := await result_file(batches, tenant, file_id)) is not None:
-        found, lines = made
-        await lines.aclose()
-        return found
+    if (found := await find_result_file(batches, tenant, file_id)) is not None:
+        return await found.file_object(batches)
     return await store.get(tenant, file_id)
 
 
@@ -155,8 +153,8 @@ async def file_content(
 ) -> StreamingResponse:
     """The file's bytes as uploaded, streamed a part (about 1 MiB) at a time; a batch's
     output or error file as OpenAI Batch output lines in submission order."""
-    if (made := await result_file(batches, tenant, file_id)) is not None:
-        return StreamingResponse(made[1], media_type=OCTET_STREAM)
+    if (found := await find_result_file(batches, tenant, file_id)) is not None:
+        return StreamingResponse(found.lines(batches), media_type=OCTET_STREAM)
     parts = store.content(tenant, file_id)
     first = await anext(parts, b"")  # 404 before the stream starts
 

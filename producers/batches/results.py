@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 
 from producers.batches.repository import BatchStore
-from schemas.batches import ResultPart, in_part, result_line
+from schemas.batches import BatchView, ResultPart, in_part, result_line
 from schemas.batches import result_file as result_file_name
 from schemas.errors import BatchNotFound
 from schemas.files import FileNotFound, FileObject
@@ -42,12 +43,36 @@ async def result_lines(
             return
 
 
-async def result_file(
-    store: BatchStore, tenant: str, file_id: str
-) -> tuple[FileObject, AsyncGenerator[bytes, None]] | None:
-    """A batch's output or error file, as OpenAI's Files API shows it, and its lines; None
-    when ``file_id`` names no result file. FileNotFound for one that the caller's batch has
-    not named (another tenant's, a batch still running, a part with no lines)."""
+@dataclass(frozen=True, kw_only=True)
+class ResultFile:
+    """A batch's output or error file that the caller may read: its id, batch and part."""
+
+    file_id: str
+    batch: BatchView
+    part: ResultPart
+
+    def lines(self, store: BatchStore) -> AsyncGenerator[bytes, None]:
+        return result_lines(store, self.batch.id, self.batch.endpoint, part=self.part)
+
+    async def file_object(self, store: BatchStore) -> FileObject:
+        """OpenAI's file object; its size is that of the lines, rendered once to count."""
+        size = 0
+        async for chunk in self.lines(store):
+            size += len(chunk)
+        batch = self.batch
+        return FileObject(
+            id=self.file_id,
+            bytes=size,
+            created_at=batch.completed_at or batch.expired_at or batch.cancelled_at or 0,
+            filename=f"batch_{batch.id}_{self.part}.jsonl",
+            purpose="batch_output",
+        )
+
+
+async def find_result_file(store: BatchStore, tenant: str, file_id: str) -> ResultFile | None:
+    """The result file ``file_id`` names; None when it names no result file. FileNotFound
+    for one that the caller's batch has not named (another tenant's, a batch still
+    running, a part with no lines)."""
     named = result_file_name(file_id)
     if named is None:
         return None
@@ -58,14 +83,4 @@ async def result_file(
         raise FileNotFound(f"no file {file_id}") from None
     if file_id not in (batch.output_file_id, batch.error_file_id):
         raise FileNotFound(f"no file {file_id}: the batch has not ended with such lines")
-    size = 0
-    async for chunk in result_lines(store, batch_id, batch.endpoint, part=part):
-        size += len(chunk)
-    made = FileObject(
-        id=file_id,
-        bytes=size,
-        created_at=batch.completed_at or batch.expired_at or batch.cancelled_at or 0,
-        filename=f"batch_{batch_id}_{part}.jsonl",
-        purpose="batch_output",
-    )
-    return made, result_lines(store, batch_id, batch.endpoint, part=part)
+    return ResultFile(file_id=file_id, batch=batch, part=part)
