@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from producers.batches.repository import BatchRequest, NewBatch
+from producers.files.checks import LineSplitter, json_line
 from schemas.batch_lines import line_request
 from schemas.batches import (
     DEFAULT_WINDOW,
@@ -22,7 +23,6 @@ from schemas.batches import (
     CreateBatch,
     InvalidBatch,
     InvalidCompletionWindow,
-    InvalidJsonl,
     RequestLine,
     window_seconds,
 )
@@ -34,26 +34,11 @@ from sluicegate.settings import Settings
 
 
 def jsonl_lines(data: bytes) -> list[Any]:
-    """The JSON values of a JSONL document (blank lines skipped)."""
-    try:
-        text = data.decode("utf-8-sig")  # a leading byte-order mark is not part of line 1
-    except UnicodeDecodeError as exc:
-        raise InvalidJsonl(f"the file is not UTF-8 (byte {exc.start})") from None
-    values = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            values.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise InvalidJsonl(
-                f"line {number} is not JSON: {exc.msg}", details=[{"line": number}]
-            ) from None
-        except RecursionError:
-            raise InvalidJsonl(
-                f"line {number} is not JSON: nested too deeply", details=[{"line": number}]
-            ) from None
-    return values
+    """The JSON values of a JSONL document (blank lines skipped), read as an uploaded
+    file's lines are: split at ``\\n``, a bad line named by its number."""
+    splitter = LineSplitter(max_line_bytes=len(data) + 1)  # the body's own limit bounds it
+    lines = [*splitter.feed(data), *splitter.end()]
+    return [json_line(number, line) for number, line in lines if line.strip()]
 
 
 def _problem(number: int, custom_id: object, code: str, message: str) -> dict[str, Any]:
