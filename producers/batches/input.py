@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from producers.batches.repository import BatchRequest, NewBatch
-from producers.files.checks import LineSplitter, json_line
+from producers.files.checks import LineSplitter, SameBatch, json_line, validation_message
 from schemas.batch_lines import line_request
 from schemas.batches import (
     DEFAULT_WINDOW,
@@ -45,12 +45,6 @@ def _problem(number: int, custom_id: object, code: str, message: str) -> dict[st
     return {"line": number, "custom_id": custom_id, "code": code, "message": message}
 
 
-def _validation_message(exc: ValidationError) -> str:
-    first = exc.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return f"{where}: {first['msg']}" if where else str(first["msg"])
-
-
 def _check_input(text: str, max_tokens: int, settings: Settings) -> None:
     if not text.strip():
         raise InvalidRequest("the input is blank")
@@ -70,8 +64,7 @@ def requests_of(values: list[Any], settings: Settings) -> tuple[str, list[BatchR
             f"a batch holds at most {settings.max_batch_requests} requests, not {len(values)}"
         )
     problems: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    endpoint: str | None = None
+    together = SameBatch()
     requests = []
     for number, value in enumerate(values, start=1):
         custom_id = value.get("custom_id") if isinstance(value, dict) else None
@@ -81,9 +74,7 @@ def requests_of(values: list[Any], settings: Settings) -> tuple[str, list[BatchR
             _check_input(asked.input, asked.max_tokens, settings)
             check_model(asked.model, settings.models)
         except ValidationError as exc:
-            problems.append(
-                _problem(number, custom_id, "invalid_request", _validation_message(exc))
-            )
+            problems.append(_problem(number, custom_id, "invalid_request", validation_message(exc)))
             continue
         except SluicegateError as exc:  # model_not_found, or invalid_request
             problems.append(_problem(number, custom_id, exc.code, str(exc)))
@@ -91,16 +82,8 @@ def requests_of(values: list[Any], settings: Settings) -> tuple[str, list[BatchR
         except ValueError as exc:
             problems.append(_problem(number, custom_id, "invalid_request", str(exc)))
             continue
-        if line.custom_id in seen:
-            problems.append(
-                _problem(number, custom_id, "duplicate_custom_id", "custom_id is used twice")
-            )
-            continue
-        seen.add(line.custom_id)
-        endpoint = endpoint or line.url
-        if line.url != endpoint:
-            message = f"every line must name the same url ({endpoint}), not {line.url}"
-            problems.append(_problem(number, custom_id, "mixed_urls", message))
+        if (problem := together.problem(line)) is not None:
+            problems.append(_problem(number, custom_id, *problem))
             continue
         requests.append(
             BatchRequest(
@@ -116,8 +99,8 @@ def requests_of(values: list[Any], settings: Settings) -> tuple[str, list[BatchR
             f"{len(problems)} of {len(values)} request lines are invalid; nothing was stored",
             details=problems[:MAX_ERRORS_SHOWN],
         )
-    assert endpoint is not None
-    return endpoint, requests
+    assert together.url is not None
+    return together.url, requests
 
 
 def _request_hash(body: CreateBatch) -> str:
@@ -196,4 +179,4 @@ def parse_create(value: Any) -> CreateBatch:
         return CreateBatch.model_validate(value)
     except ValidationError as exc:
         details = exc.errors(include_url=False, include_context=False, include_input=False)
-        raise InvalidRequest(_validation_message(exc), details=details) from None
+        raise InvalidRequest(validation_message(exc), details=details) from None

@@ -76,10 +76,29 @@ def json_line(number: int, line: bytes) -> Any:
     raise InvalidJsonl(f"line {number} is {reason}", details=[{"line": number}])
 
 
-def _validation_message(exc: ValidationError) -> str:
+def validation_message(exc: ValidationError) -> str:
     first = exc.errors(include_url=False)[0]
     where = ".".join(str(p) for p in first["loc"])
     return f"{where}: {first['msg']}" if where else str(first["msg"])
+
+
+class SameBatch:
+    """What a batch's lines keep together, fed them in order: each ``custom_id`` once,
+    and one ``url`` (the batch's endpoint) for all of them."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self.url: str | None = None
+
+    def problem(self, line: RequestLine) -> tuple[str, str] | None:
+        """(code, message) when ``line`` breaks a rule, as in a batch's refusal."""
+        if line.custom_id in self._seen:
+            return "duplicate_custom_id", "custom_id is used twice"
+        self._seen.add(line.custom_id)
+        self.url = self.url or line.url
+        if line.url != self.url:
+            return "mixed_urls", f"every line must name the same url ({self.url}), not {line.url}"
+        return None
 
 
 class BatchFileCheck:
@@ -95,8 +114,7 @@ class BatchFileCheck:
         self.lines = 0  # request lines: the non-blank ones
         self._splitter = LineSplitter()
         self._problems: list[dict[str, Any]] = []
-        self._seen: set[str] = set()
-        self._url: str | None = None
+        self._together = SameBatch()
 
     def feed(self, chunk: bytes) -> None:
         self.bytes += len(chunk)
@@ -139,19 +157,10 @@ class BatchFileCheck:
             request = RequestLine.model_validate(value)
             line_job(request)
         except ValidationError as exc:
-            return "invalid_request", _validation_message(exc)
+            return "invalid_request", validation_message(exc)
         except ValueError as exc:
             return "invalid_request", str(exc)
-        if request.custom_id in self._seen:
-            return "duplicate_custom_id", "custom_id is used twice"
-        self._seen.add(request.custom_id)
-        self._url = self._url or request.url
-        if request.url != self._url:
-            return (
-                "mixed_urls",
-                f"every line must name the same url ({self._url}), not {request.url}",
-            )
-        return None
+        return self._together.problem(request)
 
     def _raise_problems(self) -> None:
         if not self._problems:
