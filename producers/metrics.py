@@ -17,6 +17,11 @@ RELAY_PUBLISHED = Counter(constants.M_RELAY_PUBLISHED, "Outbox rows published", 
 RECONCILED = Counter(
     constants.M_RECONCILED, "Jobs dispatched again because their dispatch record was gone"
 )
+METERED = Counter(
+    constants.M_METERED,
+    "Held batch jobs the meter released into the dispatch topic, or expired unreleased",
+    ["outcome"],
+)
 
 ADMISSIONS = Counter(
     constants.M_ADMISSIONS, "Admission decisions by outcome and reason", ["outcome", "reason"]

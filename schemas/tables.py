@@ -79,6 +79,9 @@ jobs = Table(
     Column("dispatch_log", Text, nullable=True),
     Column("dispatch_partition", Integer, nullable=True),
     Column("dispatch_offset", BigInteger, nullable=True),
+    # A batch's job waiting in PostgreSQL for the meter to release it into the dispatch
+    # topic (producers/batches/meter.py); false once released, and for every single job.
+    Column("held", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint(_one_of("state", JobState), name="state"),
     CheckConstraint("abandon_after_s > 0", name="abandon_after_s"),
     CheckConstraint(_one_of("kind", JobKind), name="kind"),
@@ -109,6 +112,14 @@ jobs = Table(
         "dispatch_partition",
         "dispatch_offset",
         postgresql_where=text("state IN ('dispatched', 'running') AND dispatch_offset IS NOT NULL"),
+    ),
+    # The meter's queue: each tenant's held jobs, earliest deadline first.
+    Index("ix_jobs_held", "tenant", "deadline", "id", postgresql_where=text("held")),
+    # The backlog the meter fills up to: jobs released (or submitted) and not ended.
+    Index(
+        "ix_jobs_backlog",
+        "batch_id",
+        postgresql_where=text("NOT held AND state IN ('queued', 'dispatched', 'running')"),
     ),
 )
 

@@ -25,7 +25,6 @@ from producers.jobs.repository import Flow
 from producers.lag.monitor import LagMonitor
 from producers.lag.rule import LagSnapshot
 from producers.metrics import ADMISSIONS, BLOCKED
-from schemas.batches import BatchTooLarge
 from schemas.jobs import Priority
 
 
@@ -91,61 +90,50 @@ class AdmissionController:
         self,
         *,
         tenant: str,
-        priority: Priority,
         jobs: int,
-        tokens: int,
+        ahead: int,
         max_tokens: int,
         deadline: datetime,
         now: datetime,
     ) -> None:
-        """Admit a batch whole or refuse it whole; it never waits. Its jobs must fit under
-        the refusal threshold of its priority on top of the lag (so the lag stays bounded
-        whatever the batch), its last job must be able to end by the deadline at the
-        measured drain rate, and the tenant's limits must take it in one go (one request,
-        all its tokens)."""
+        """Admit a batch whole or refuse it whole; it never waits. Its jobs are held and
+        metered into the queue (``producers.batches.meter``), so the lag does not bound its
+        size: it is refused only when its last job could not end by the deadline at the
+        measured speed, behind the lag and the ``ahead`` held jobs released before it, or
+        when the tenant is over its request rate (a batch is one request)."""
         try:
-            self._admit_batch(tenant, priority, jobs, tokens, max_tokens, deadline, now)
+            lag = self._known()
+            self._take(tenant, 0, lag)
+            refused = self._policy.batch_refusal(
+                lag,
+                running=self._running,
+                measured_token_time_s=self._token_time_s,
+                jobs=jobs,
+                ahead=ahead,
+                max_tokens=max_tokens,
+                deadline=deadline,
+                now=now,
+            )
+            if refused is not None:
+                self._limits.give_back(tenant, 0)
+                raise refused
         except Refused as refused:
             ADMISSIONS.labels(outcome="rejected", reason=refused.reason).inc()
             raise
-        self._admitted += jobs
         ADMISSIONS.labels(outcome="accepted", reason="ok").inc()
 
-    def _admit_batch(
-        self,
-        tenant: str,
-        priority: Priority,
-        jobs: int,
-        tokens: int,
-        max_tokens: int,
-        deadline: datetime,
-        now: datetime,
-    ) -> None:
-        refuse_from = self._policy.thresholds(priority)[1]
-        if jobs > refuse_from:
-            raise BatchTooLarge(
-                f"a {priority.value} batch holds at most {refuse_from} jobs (the lag at which "
-                f"its priority is refused), not {jobs}: split it"
-            )
-        lag = self._known()
-        if not self._limits.fits(tokens):
-            raise BatchTooLarge(f"the batch's {tokens} tokens are over the tenant's TPM limit")
-        self._take(tenant, tokens, lag)
+    def released(self, jobs: int) -> None:
+        """The meter released ``jobs`` held batch jobs into the outbox (committed): they
+        count in the lag at once, as admitted single submits do."""
+        self._admitted += jobs
+        self._settled += jobs
+
+    def current_lag(self) -> int | None:
+        """The lag as admission sees it now; None while it is unknown."""
         try:
-            self._check_deadline(lag, max_tokens, deadline, now, ahead=jobs - 1)
-            if lag.lag + jobs > refuse_from:
-                if self.consumes_nothing(lag):
-                    raise self._over(lag, "lag_hard", refuse_from - jobs, max_tokens)
-                raise Refused(
-                    "lag_hard",
-                    f"the batch's {jobs} jobs on top of a lag of {lag.lag} would pass "
-                    f"{refuse_from}",
-                    retry_after_s=self.retry_after_s(lag, lag.lag + jobs - refuse_from, max_tokens),
-                    lag=lag.lag,
-                )
+            return self._known().lag
         except Refused:
-            self._limits.give_back(tenant, tokens)
-            raise
+            return None
 
     async def _admit(
         self,

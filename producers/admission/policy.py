@@ -173,15 +173,11 @@ class Policy:
         (the lag less the ``running`` jobs, plus ``ahead`` jobs of the same request, at μ)
         and its service time. None when it can, or when there is nothing to predict with
         (no drain rate, or a speed to be measured and not measured yet)."""
-        if not self.deadline_aware:
+        queued = max(0, lag.lag - running) + ahead
+        predicted = self._predict(lag, queued, max_tokens, measured_token_time_s)
+        if predicted is None:
             return None
-        if self.measured_after > 0 and measured_token_time_s is None:
-            return None  # the speed is not measured yet: nothing is refused on this ground
-        wait_s = lag.drain_time_s(max(0, lag.lag - running) + ahead)
-        if wait_s is None:
-            return None  # no drain measured yet: no prediction to refuse on
-        token_time_s = self.token_time_s if measured_token_time_s is None else measured_token_time_s
-        service_s = max_tokens * token_time_s
+        wait_s, service_s = predicted
         left_s = (deadline - now).total_seconds()
         if wait_s + service_s <= left_s:
             return None
@@ -192,3 +188,53 @@ class Policy:
             retry_after_s=self.clamp(wait_s),
             lag=lag.lag,
         )
+
+    def batch_refusal(
+        self,
+        lag: LagSnapshot,
+        *,
+        running: int,
+        measured_token_time_s: float | None,
+        jobs: int,
+        ahead: int,
+        max_tokens: int,
+        deadline: datetime,
+        now: datetime,
+    ) -> Refused | None:
+        """The refusal of a batch that can never end within its window at the measured
+        speed: its last job waits for the lag (less the running jobs), the ``ahead`` held
+        jobs that are released before it, and the batch's other jobs; None when it fits
+        or when there is nothing to predict with."""
+        queued = max(0, lag.lag - running) + ahead + jobs - 1
+        predicted = self._predict(lag, queued, max_tokens, measured_token_time_s)
+        if predicted is None:
+            return None
+        wait_s, service_s = predicted
+        left_s = (deadline - now).total_seconds()
+        if wait_s + service_s <= left_s:
+            return None
+        rate = lag.drain_rate or 0.0
+        return Refused(
+            "deadline_unreachable",
+            f"the batch's {jobs:,} jobs cannot end within its window: behind a lag of "
+            f"{lag.lag:,} and {ahead:,} batch jobs held before them, its last job would reach "
+            f"a worker in about {wait_s:,.0f} s at the measured {rate:,.1f} jobs/s and decode "
+            f"in {service_s:,.1f} s, but the window ends in {left_s:,.0f} s",
+            retry_after_s=self.clamp(wait_s + service_s - left_s),
+            lag=lag.lag,
+        )
+
+    def _predict(
+        self, lag: LagSnapshot, queued: int, max_tokens: int, measured_token_time_s: float | None
+    ) -> tuple[float, float] | None:
+        """(queue wait, service) in seconds for a job behind ``queued`` jobs; None when
+        deadline-aware admission is off or there is nothing to predict with."""
+        if not self.deadline_aware:
+            return None
+        if self.measured_after > 0 and measured_token_time_s is None:
+            return None  # the speed is not measured yet: nothing is refused on this ground
+        wait_s = lag.drain_time_s(queued)
+        if wait_s is None:
+            return None  # no drain measured yet: no prediction to refuse on
+        token_time_s = self.token_time_s if measured_token_time_s is None else measured_token_time_s
+        return wait_s, max_tokens * token_time_s

@@ -1,16 +1,17 @@
 """The batch routes (OpenAI Batch format): create, read, list, results, cancel.
 
-POST /v1/batches takes the requests as JSON (``{"requests": [...], ...}``), as an uploaded
-JSONL file (multipart/form-data, field ``file``, options as form fields), or as a raw
-JSONL body (``application/jsonl`` or ``application/x-ndjson``, options in the query). A
-batch is admitted whole or refused whole, and written in one round trip.
+POST /v1/batches takes the requests as JSON (``{"requests": [...], ...}`` or, as OpenAI's,
+``{"input_file_id": ..., "endpoint": ...}``), as an uploaded JSONL file (multipart/form-data,
+field ``file``, options as form fields), or as a raw JSONL body (``application/jsonl`` or
+``application/x-ndjson``, options in the query). A batch is accepted whole or refused
+whole; its jobs are held and metered into the queue (``producers.batches.meter``).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections import Counter
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -20,10 +21,20 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from producers.api import openapi
-from producers.api.deps import Admission, AppSettings, Batches, Files, Tenant
-from producers.batches.input import create_body, jsonl_lines, new_batch, parse_create
+from producers.api.deps import Admission, AppSettings, Batches, Files, Meter, Tenant
+from producers.batches.input import (
+    RequestChecker,
+    check_all,
+    chunked,
+    create_body,
+    file_requests,
+    jsonl_lines,
+    new_batch,
+    parse_create,
+)
+from producers.batches.meter import held_ahead
+from producers.batches.repository import BatchRequest
 from producers.batches.results import result_lines
-from producers.files.checks import json_line
 from producers.files.repository import FileStore
 from producers.metrics import SUBMITTED
 from schemas import constants
@@ -35,7 +46,6 @@ from schemas.batches import (
     UnsupportedMediaType,
 )
 from schemas.errors import BatchNotFound, InvalidJson, InvalidRequest
-from schemas.jobs import estimate_tokens
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
@@ -114,16 +124,19 @@ async def _body(request: Request) -> CreateBatch:
     )
 
 
-async def _from_file(body: CreateBatch, files: FileStore, tenant: str) -> CreateBatch:
-    """The batch with the request lines of its ``input_file_id`` (checked line by line
-    when it was uploaded, and again as a batch)."""
+async def _requests(
+    body: CreateBatch, files: FileStore, tenant: str, checker: RequestChecker
+) -> AsyncIterator[list[BatchRequest]]:
+    """The batch's requests in chunks: those sent in the body (checked whole first, so that
+    a bad one is refused before anything is written), or those of its ``input_file_id``,
+    read from storage a chunk at a time and checked as they are written."""
     if body.input_file_id is None:
-        return body
+        assert body.requests is not None
+        return chunked(check_all(body.requests, checker))
     found = await files.get(tenant, body.input_file_id)  # 404 file_not_found
     if found.purpose != "batch":
         raise InvalidRequest(f"file {found.id} has purpose {found.purpose!r}, not 'batch'")
-    lines = [json_line(n, line) async for n, line in files.lines(tenant, found.id)]
-    return body.model_copy(update={"requests": lines})
+    return file_requests(files.lines(tenant, found.id), checker)
 
 
 @router.post(
@@ -148,6 +161,7 @@ async def create_batch(
     admission: Admission,
     store: Batches,
     files: Files,
+    meter: Meter,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -158,35 +172,35 @@ async def create_batch(
         ),
     ] = None,
 ) -> JSONResponse:
-    """Admitted whole (201) or refused whole (429/503 with Retry-After, 413 when it can
-    never fit); an idempotent replay answers 200 with the batch stored first."""
-    body = await _from_file(await _body(request), files, tenant)
+    """Accepted whole (201) and metered into the queue as the lag allows, or refused whole
+    (429 ``deadline_unreachable`` when it cannot end within its window at the measured
+    speed, 503 while the lag is unknown); an idempotent replay answers 200 with the batch
+    stored first."""
+    body = await _body(request)
     now = datetime.now(UTC)
     new = new_batch(
         body, tenant=tenant, idempotency_key=idempotency_key, now=now, settings=settings
     )
-    admission.admit_batch(
-        tenant=tenant,
-        priority=new.priority,
-        jobs=len(new.requests),
-        tokens=sum(estimate_tokens(r.input) + r.max_tokens for r in new.requests),
-        max_tokens=max(r.max_tokens for r in new.requests),
-        deadline=new.deadline,
-        now=now,
-    )
-    jobs = len(new.requests)
-    try:
-        view, created = await store.create(new)
-    except BaseException:
-        admission.withdrawn(jobs)
-        raise
+    checker = RequestChecker(settings, endpoint=body.endpoint)
+    chunks = await _requests(body, files, tenant, checker)
+
+    def admit(jobs: int, held: Mapping[str, int]) -> None:
+        admission.admit_batch(
+            tenant=tenant,
+            jobs=jobs,
+            ahead=held_ahead(held, tenant, jobs),
+            max_tokens=checker.max_tokens,
+            deadline=new.deadline,
+            now=now,
+        )
+
+    view, created = await store.create(new, chunks, endpoint=checker.finish, admit=admit)
     headers = {"Location": f"/v1/batches/{view.id}"}
     if created:
-        admission.settled(jobs)
-        for kind, n in Counter(r.kind.value for r in new.requests).items():
+        meter.wake()
+        for kind, n in checker.kinds.items():
             SUBMITTED.labels(kind=kind, priority=new.priority.value).inc(n)
     else:
-        admission.withdrawn(jobs)
         headers[constants.HEADER_IDEMPOTENT_REPLAY] = "true"
     return JSONResponse(
         view.model_dump(mode="json"), status_code=201 if created else 200, headers=headers

@@ -13,6 +13,7 @@ from fastapi import Depends, Header, Request
 
 from producers.admission.controller import AdmissionController
 from producers.api.waiting import Waiting
+from producers.batches.meter import Meter as BatchMeter
 from producers.batches.repository import BatchStore
 from producers.files.repository import FileStore
 from producers.jobs.group_commit import GroupCommit
@@ -61,6 +62,11 @@ async def batch_store(request: Request) -> BatchStore:
     return store
 
 
+async def batch_meter(request: Request) -> BatchMeter:
+    meter: BatchMeter = request.app.state.meter
+    return meter
+
+
 async def file_store(request: Request) -> FileStore:
     store: FileStore = request.app.state.files
     return store
@@ -83,6 +89,7 @@ Monitor = Annotated[LagMonitor, Depends(lag_monitor)]
 Waits = Annotated[Waiting, Depends(waiting)]
 Batches = Annotated[BatchStore, Depends(batch_store)]
 Files = Annotated[FileStore, Depends(file_store)]
+Meter = Annotated[BatchMeter, Depends(batch_meter)]
 Webhooks = Annotated[WebhookStore, Depends(webhook_store)]
 Keys = Annotated[KeyStore, Depends(key_store)]
 

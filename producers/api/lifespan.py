@@ -17,6 +17,8 @@ from producers.admission.flow import report_flow
 from producers.admission.policy import Policy
 from producers.admission.ratelimit import TenantLimits
 from producers.api.waiting import Reads, Waiters
+from producers.batches.meter import Meter
+from producers.batches.meter_repository import MeterStore
 from producers.batches.repository import BatchStore
 from producers.files.repository import FileStore
 from producers.jobs.group_commit import GroupCommit
@@ -42,6 +44,7 @@ class Services:
     keys: KeyStore
     admission: AdmissionController
     monitor: LagMonitor
+    meter: Meter
     waiters: Waiters
     reads: Reads
 
@@ -85,22 +88,42 @@ def build(
     monitor = LagMonitor(
         source, interval_s=settings.lag_interval_s, stale_after_s=settings.lag_stale_after_s
     )
+    admission = AdmissionController(
+        Policy.of(settings),
+        monitor,
+        TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm),
+    )
     return Services(
         repo=repo,
         group_commit=GroupCommit.of(repo, settings),
-        batches=BatchStore(
-            db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic
-        ),
+        batches=BatchStore(db, events_topic=settings.events_topic),
         files=FileStore(db),
         keys=KeyStore(db, cache_s=settings.api_key_cache_s),
-        admission=AdmissionController(
-            Policy.of(settings),
-            monitor,
-            TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm),
-        ),
+        admission=admission,
         monitor=monitor,
+        meter=_meter(settings, db, admission),
         waiters=Waiters(limit=settings.api_max_connections),
         reads=Reads(repo),
+    )
+
+
+def _meter(settings: Settings, db: AsyncEngine, admission: AdmissionController) -> Meter:
+    """With ``lag_measure=open`` the backlog PostgreSQL counts is the lag (and fresher than
+    the last reading): the reading only says whether the lag is known. With ``consumer``,
+    the larger of the two counts."""
+    consumer = settings.lag_measure == "consumer"
+
+    def lag() -> int | None:
+        found = admission.current_lag()
+        return None if found is None else found if consumer else 0
+
+    return Meter(
+        MeterStore(db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic),
+        lag=lag,
+        released=admission.released,
+        soft=settings.lag_soft,
+        fill=settings.batch_fill,
+        interval_s=settings.lag_interval_s,
     )
 
 
@@ -148,11 +171,17 @@ async def _lag_source(
 @asynccontextmanager
 async def _background(services: Services, db: AsyncEngine) -> AsyncIterator[None]:
     """The lag monitor, the flow report, the jobs channel's listener (it wakes the waiting
-    requests) and the submit groups' writer, stopped and awaited at the end."""
+    requests and the meter), the submit groups' writer and the batch meter, stopped and
+    awaited at the end."""
+
+    def on_notice(payload: str) -> None:
+        services.waiters.on_notice(payload)
+        services.meter.wake()  # a job ended: room for a held one
+
     listener = Listener(
         db.url.render_as_string(hide_password=False),
         constants.JOBS_CHANNEL,
-        on_notice=services.waiters.on_notice,
+        on_notice=on_notice,
         on_connect=services.waiters.on_connect,
     )
     stop = asyncio.Event()
@@ -162,6 +191,7 @@ async def _background(services: Services, db: AsyncEngine) -> AsyncIterator[None
         asyncio.create_task(flow, name="flow"),
         asyncio.create_task(listener.run(stop), name="jobs-listener"),
         asyncio.create_task(services.group_commit.run(stop), name="submit-groups"),
+        asyncio.create_task(services.meter.run(stop), name="batch-meter"),
     ]
     try:
         yield

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +34,9 @@ from schemas.sampling import check_model
 from schemas.webhooks import check_callback_url
 from sluicegate.settings import Settings
 
+# Request lines written per statement (and held in memory at once) while a batch is stored.
+CHUNK = 1000
+
 
 def jsonl_lines(data: bytes) -> list[Any]:
     """The JSON values of a JSONL document (blank lines skipped), read as an uploaded
@@ -39,10 +44,6 @@ def jsonl_lines(data: bytes) -> list[Any]:
     splitter = LineSplitter(max_line_bytes=len(data) + 1)  # the body's own limit bounds it
     lines = [*splitter.feed(data), *splitter.end()]
     return [json_line(number, line) for number, line in lines if line.strip()]
-
-
-def _problem(number: int, custom_id: object, code: str, message: str) -> dict[str, Any]:
-    return {"line": number, "custom_id": custom_id, "code": code, "message": message}
 
 
 def _check_input(text: str, max_tokens: int, settings: Settings) -> None:
@@ -54,53 +55,122 @@ def _check_input(text: str, max_tokens: int, settings: Settings) -> None:
         raise InvalidRequest(f"max_tokens is over the limit of {settings.max_tokens_limit}")
 
 
-def requests_of(values: list[Any], settings: Settings) -> tuple[str, list[BatchRequest]]:
-    """The batch's endpoint (every line must name the same url, as in OpenAI's Batch API)
-    and its requests; InvalidBatch lists every bad line (the first few in ``details``)."""
-    if not values:
-        raise InvalidBatch("the batch has no requests")
-    if len(values) > settings.max_batch_requests:
-        raise BatchTooLarge(
-            f"a batch holds at most {settings.max_batch_requests} requests, not {len(values)}"
-        )
-    problems: list[dict[str, Any]] = []
-    together = SameBatch()
-    requests = []
-    for number, value in enumerate(values, start=1):
+class RequestChecker:
+    """A batch's request lines, checked one by one as they arrive (from a body or a stored
+    file): ``check`` gives each valid line's request and keeps the bad lines; ``finish``
+    refuses the batch whole (InvalidBatch, the first few bad lines in ``details``) if any
+    line was bad. ``endpoint``: the url every line must name, when the caller gave one."""
+
+    def __init__(self, settings: Settings, *, endpoint: str | None = None) -> None:
+        self._settings = settings
+        self.max_lines = settings.max_batch_requests
+        self._together = SameBatch()
+        self._together.url = endpoint
+        self._problems: list[dict[str, Any]] = []
+        self.lines = 0
+        self.max_tokens = 0
+        self.kinds: Counter[str] = Counter()
+
+    @property
+    def endpoint(self) -> str | None:
+        return self._together.url
+
+    def check(self, number: int, value: Any) -> BatchRequest | None:
+        self.lines += 1
+        if self.lines > self.max_lines:
+            raise BatchTooLarge(f"a batch holds at most {self.max_lines} requests")
         custom_id = value.get("custom_id") if isinstance(value, dict) else None
         try:
             line = RequestLine.model_validate(value)
             asked = line_request(line)
-            _check_input(asked.input, asked.max_tokens, settings)
-            check_model(asked.model, settings.models)
+            _check_input(asked.input, asked.max_tokens, self._settings)
+            check_model(asked.model, self._settings.models)
         except ValidationError as exc:
-            problems.append(_problem(number, custom_id, "invalid_request", validation_message(exc)))
-            continue
+            self._problem(number, custom_id, "invalid_request", validation_message(exc))
+            return None
         except SluicegateError as exc:  # model_not_found, or invalid_request
-            problems.append(_problem(number, custom_id, exc.code, str(exc)))
-            continue
+            self._problem(number, custom_id, exc.code, str(exc))
+            return None
         except ValueError as exc:
-            problems.append(_problem(number, custom_id, "invalid_request", str(exc)))
-            continue
-        if (problem := together.problem(line)) is not None:
-            problems.append(_problem(number, custom_id, *problem))
-            continue
-        requests.append(
-            BatchRequest(
-                custom_id=line.custom_id,
-                kind=asked.kind,
-                input=asked.input,
-                max_tokens=asked.max_tokens,
-                params=asked.params,
+            self._problem(number, custom_id, "invalid_request", str(exc))
+            return None
+        if (problem := self._together.problem(line)) is not None:
+            self._problem(number, custom_id, *problem)
+            return None
+        self.max_tokens = max(self.max_tokens, asked.max_tokens)
+        self.kinds[asked.kind.value] += 1
+        return BatchRequest(
+            custom_id=line.custom_id,
+            kind=asked.kind,
+            input=asked.input,
+            max_tokens=asked.max_tokens,
+            params=asked.params,
+        )
+
+    def _problem(self, number: int, custom_id: object, code: str, message: str) -> None:
+        self._problems.append(
+            {"line": number, "custom_id": custom_id, "code": code, "message": message}
+        )
+
+    def finish(self) -> str:
+        """The batch's endpoint, once every line was checked and none was bad."""
+        if self.lines == 0:
+            raise InvalidBatch("the batch has no requests")
+        if self._problems:
+            raise InvalidBatch(
+                f"{len(self._problems)} of {self.lines} request lines are invalid; nothing "
+                "was stored",
+                details=self._problems[:MAX_ERRORS_SHOWN],
             )
+        assert self.endpoint is not None
+        return self.endpoint
+
+
+def requests_of(
+    values: list[Any], settings: Settings, *, endpoint: str | None = None
+) -> tuple[str, list[BatchRequest]]:
+    """The batch's endpoint (every line must name the same url, as in OpenAI's Batch API)
+    and its requests; InvalidBatch lists every bad line (the first few in ``details``)."""
+    checker = RequestChecker(settings, endpoint=endpoint)
+    requests = check_all(values, checker)
+    return checker.finish(), requests
+
+
+def check_all(values: list[Any], checker: RequestChecker) -> list[BatchRequest]:
+    """Every line of a batch sent whole, checked before anything is written."""
+    if len(values) > checker.max_lines:
+        raise BatchTooLarge(
+            f"a batch holds at most {checker.max_lines} requests, not {len(values)}"
         )
-    if problems:
-        raise InvalidBatch(
-            f"{len(problems)} of {len(values)} request lines are invalid; nothing was stored",
-            details=problems[:MAX_ERRORS_SHOWN],
-        )
-    assert together.url is not None
-    return together.url, requests
+    requests = [
+        r for number, value in enumerate(values, start=1) if (r := checker.check(number, value))
+    ]
+    checker.finish()
+    return requests
+
+
+async def chunked(
+    requests: list[BatchRequest], *, chunk: int = CHUNK
+) -> AsyncIterator[list[BatchRequest]]:
+    for start in range(0, len(requests), chunk):
+        yield requests[start : start + chunk]
+
+
+async def file_requests(
+    lines: AsyncIterator[tuple[int, bytes]], checker: RequestChecker, *, chunk: int = CHUNK
+) -> AsyncIterator[list[BatchRequest]]:
+    """A stored file's request lines, checked, in chunks of ``chunk`` (never the whole
+    file in memory); raises at the end if any line was bad."""
+    requests: list[BatchRequest] = []
+    async for number, line in lines:
+        if (request := checker.check(number, json_line(number, line))) is not None:
+            requests.append(request)
+        if len(requests) >= chunk:
+            yield requests
+            requests = []
+    if requests:
+        yield requests
+    checker.finish()
 
 
 def _request_hash(body: CreateBatch) -> str:
@@ -127,16 +197,9 @@ def new_batch(
         )
     if body.callback_url is not None:
         check_callback_url(body.callback_url)
-    if body.requests is None:
-        raise InvalidRequest("the batch has no requests (its input file is not read yet)")
-    endpoint, requests = requests_of(body.requests, settings)
-    if body.endpoint is not None and body.endpoint != endpoint:
-        raise InvalidBatch(
-            f"the batch's endpoint is {body.endpoint}, but its request lines name {endpoint}"
-        )
     return NewBatch(
         tenant=tenant,
-        endpoint=endpoint,
+        endpoint=body.endpoint,
         completion_window=body.completion_window,
         deadline=now + timedelta(seconds=window_s),
         priority=Priority(body.priority),
@@ -144,7 +207,6 @@ def new_batch(
         metadata=body.metadata,
         idempotency_key=idempotency_key,
         request_hash=_request_hash(body) if idempotency_key else None,
-        requests=requests,
         input_file_id=body.input_file_id,
     )
 

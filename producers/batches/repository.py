@@ -1,64 +1,46 @@
-"""The API's SQL for batches. A batch, its jobs and their dispatch records are written by
-one statement (one round trip, one transaction); every query is scoped to the tenant."""
+"""The API's SQL for batches. A batch and its jobs are written in one transaction, its jobs
+held until the meter releases them (``producers.batches.meter``); every query is scoped to
+the tenant."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from producers.jobs.repository import cancelling, event_row
 from producers.jobs.submit_repository import new_job_id
 from schemas.batches import BatchTerminal, BatchView, batch_status, batch_view
-from schemas.envelopes import DispatchEnvelope
 from schemas.errors import BatchNotFound, IdempotencyConflict
-from schemas.jobs import Job, JobKind, Priority, estimate_tokens, job_from_row
+from schemas.jobs import Job, JobKind, Priority, job_from_row
 from schemas.states import TERMINAL_STATES
 from schemas.tables import batches, jobs, outbox
 
 _TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
 
-# The batch row, its jobs and their dispatch records in one statement. Sibling CTEs see
-# one snapshot and foreign keys are checked at the end of the statement, so the jobs may
-# name the batch inserted beside them. An idempotent replay inserts nothing.
-_CREATE = text(
+# One chunk of a batch's jobs, held: the meter releases them into the dispatch topic
+# (producers/batches/meter.py).
+_INSERT_JOBS = text(
     """
-WITH batch AS (
-    INSERT INTO batches (id, tenant, status, endpoint, completion_window, deadline,
-                         callback_url, metadata, total, idempotency_key, request_hash,
-                         input_file_id)
-    VALUES (CAST(:id AS uuid), :tenant, 'in_progress', :endpoint, :window, :deadline,
-            :callback_url, CAST(:metadata AS jsonb), :total, :key, :hash, :input_file_id)
-    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id
-), new_jobs AS (
-    INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline,
-                      batch_id, custom_id, params)
-    SELECT t.id, :tenant, t.kind, 'queued', :priority, t.input, t.max_tokens, :deadline,
-           batch.id, t.custom_id, CAST(t.params AS jsonb)
-    FROM batch, unnest(CAST(:ids AS uuid[]), CAST(:kinds AS text[]), CAST(:inputs AS text[]),
-                       CAST(:max_tokens AS int[]), CAST(:custom_ids AS text[]),
-                       CAST(:params AS text[]))
-         AS t(id, kind, input, max_tokens, custom_id, params)
-    RETURNING 1
-), new_outbox AS (
-    INSERT INTO outbox (topic, key, payload)
-    SELECT :topic, t.key, t.payload
-    FROM batch, unnest(CAST(:ids AS text[]), CAST(:payloads AS bytea[]))
-         WITH ORDINALITY AS t(key, payload, n)
-    ORDER BY t.n
-    RETURNING 1
-)
-SELECT (SELECT id FROM batch) AS id,
-       (SELECT count(*) FROM new_jobs) AS jobs,
-       (SELECT count(*) FROM new_outbox) AS records
+INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline,
+                  batch_id, custom_id, params, held)
+SELECT t.id, :tenant, t.kind, 'queued', :priority, t.input, t.max_tokens, :deadline,
+       CAST(:batch_id AS uuid), t.custom_id, CAST(t.params AS jsonb), true
+FROM unnest(CAST(:ids AS uuid[]), CAST(:kinds AS text[]), CAST(:inputs AS text[]),
+            CAST(:max_tokens AS int[]), CAST(:custom_ids AS text[]), CAST(:params AS text[]))
+     AS t(id, kind, input, max_tokens, custom_id, params)
 """
 )
+
+# Called with the batch's job count and the jobs every tenant had held before it, before
+# the batch commits: it refuses (raises) a batch that cannot be taken.
+Admit = Callable[[int, Mapping[str, int]], None]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,8 +56,10 @@ class BatchRequest:
 
 @dataclass(frozen=True, kw_only=True)
 class NewBatch:
+    """A batch's options; its requests are read and written in chunks beside it."""
+
     tenant: str
-    endpoint: str
+    endpoint: str | None  # None: the url its lines name
     completion_window: str
     deadline: datetime
     priority: Priority
@@ -83,59 +67,70 @@ class NewBatch:
     metadata: dict[str, str] | None
     idempotency_key: str | None
     request_hash: str | None
-    requests: Sequence[BatchRequest]
     input_file_id: str | None = None
 
 
 class BatchStore:
-    def __init__(self, engine: AsyncEngine, *, dispatch_topic: str, events_topic: str) -> None:
+    def __init__(self, engine: AsyncEngine, *, events_topic: str) -> None:
         self._engine = engine
-        self._dispatch_topic = dispatch_topic
         self._events_topic = events_topic
 
-    async def create(self, new: NewBatch) -> tuple[BatchView, bool]:
-        """Store the batch whole; an idempotent replay answers the batch stored first."""
-        batch_id = new_job_id()
-        ids = [new_job_id() for _ in new.requests]
-        payloads = [
-            DispatchEnvelope(
-                job_id=job_id,
-                tenant=new.tenant,
-                kind=r.kind,
-                priority=new.priority,
-                max_tokens=r.max_tokens,
-                prompt_tokens=estimate_tokens(r.input),
-                deadline=new.deadline,
-            ).to_bytes()
-            for job_id, r in zip(ids, new.requests, strict=True)
-        ]
-        params = {
-            "id": batch_id,
-            "tenant": new.tenant,
-            "endpoint": new.endpoint,
-            "window": new.completion_window,
-            "deadline": new.deadline,
-            "callback_url": new.callback_url,
-            "metadata": json.dumps(new.metadata) if new.metadata is not None else None,
-            "total": len(ids),
-            "key": new.idempotency_key,
-            "hash": new.request_hash,
-            "input_file_id": new.input_file_id,
-            "priority": new.priority.value,
-            "ids": ids,
-            "kinds": [r.kind.value for r in new.requests],
-            "inputs": [r.input for r in new.requests],
-            "max_tokens": [r.max_tokens for r in new.requests],
-            "custom_ids": [r.custom_id for r in new.requests],
-            "params": [json.dumps(r.params) if r.params else None for r in new.requests],
-            "topic": self._dispatch_topic,
-            "payloads": payloads,
-        }
+    async def create(
+        self,
+        new: NewBatch,
+        chunks: AsyncIterable[Sequence[BatchRequest]],
+        *,
+        endpoint: Callable[[], str],
+        admit: Admit,
+    ) -> tuple[BatchView, bool]:
+        """Store the batch and its jobs (held) in one transaction, a chunk of jobs per
+        statement, so that no more than a chunk is in memory; ``endpoint`` is read once the
+        chunks are. An idempotent replay answers the batch stored first, reading nothing."""
         async with self._engine.begin() as conn:
-            made = (await conn.execute(_CREATE, params)).one()
-            if made.id is None:
+            batch_id = await self._insert_batch(conn, new)
+            if batch_id is None:
                 return await self._replay(conn, new), False
-            return await self._view(conn, new.tenant, str(made.id)), True
+            held = await held_by_tenant(conn)
+            total = 0
+            async for chunk in chunks:
+                await conn.execute(_INSERT_JOBS, _job_params(new, batch_id, chunk))
+                total += len(chunk)
+            admit(total, held)
+            await conn.execute(
+                update(batches)
+                .where(batches.c.id == batch_id)
+                .values(endpoint=endpoint(), total=total)
+            )
+            return await self._view(conn, new.tenant, batch_id), True
+
+    @staticmethod
+    async def _insert_batch(conn: AsyncConnection, new: NewBatch) -> str | None:
+        """The batch's row (its endpoint and total are set once its jobs are written); None
+        for an idempotent replay."""
+        made = await conn.execute(
+            pg_insert(batches)
+            .values(
+                id=new_job_id(),
+                tenant=new.tenant,
+                status="in_progress",
+                endpoint=new.endpoint or "",
+                completion_window=new.completion_window,
+                deadline=new.deadline,
+                callback_url=new.callback_url,
+                metadata=new.metadata,
+                total=1,  # provisional (total > 0 is checked at once): set before commit
+                idempotency_key=new.idempotency_key,
+                request_hash=new.request_hash,
+                input_file_id=new.input_file_id,
+            )
+            .on_conflict_do_nothing(
+                index_elements=[batches.c.tenant, batches.c.idempotency_key],
+                index_where=batches.c.idempotency_key.isnot(None),
+            )
+            .returning(batches.c.id)
+        )
+        found = made.scalar_one_or_none()
+        return None if found is None else str(found)
 
     async def _replay(self, conn: AsyncConnection, new: NewBatch) -> BatchView:
         row = (
@@ -228,6 +223,29 @@ class BatchStore:
                 ]
                 await conn.execute(insert(outbox), events)
             return await self._view(conn, tenant, batch_id)
+
+
+def _job_params(new: NewBatch, batch_id: str, chunk: Sequence[BatchRequest]) -> dict[str, Any]:
+    return {
+        "tenant": new.tenant,
+        "priority": new.priority.value,
+        "deadline": new.deadline,
+        "batch_id": batch_id,
+        "ids": [new_job_id() for _ in chunk],
+        "kinds": [r.kind.value for r in chunk],
+        "inputs": [r.input for r in chunk],
+        "max_tokens": [r.max_tokens for r in chunk],
+        "custom_ids": [r.custom_id for r in chunk],
+        "params": [json.dumps(r.params) if r.params else None for r in chunk],
+    }
+
+
+async def held_by_tenant(conn: AsyncConnection) -> dict[str, int]:
+    """Each tenant's batch jobs the meter has not released yet."""
+    rows = await conn.execute(
+        select(jobs.c.tenant, func.count()).where(jobs.c.held).group_by(jobs.c.tenant)
+    )
+    return {tenant: int(n) for tenant, n in rows.all()}
 
 
 async def _batch(

@@ -245,6 +245,7 @@ def cancelling(which: ColumnElement[bool], now: datetime) -> Update:
             finished_at=now,
             updated_at=now,
             error=reasons.error(JobState.CANCELLED, reasons.CANCELLED),
+            held=False,  # a held batch job leaves the meter's queue
         )
         .returning(*jobs.c)
     )

@@ -110,6 +110,15 @@ class AdmissionSettings(SettingsGroup):
         description="A refusal for lag says that no worker consumes when the backlog has not "
         "moved for this long and no job is running.",
     )
+    batch_fill: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="A batch is accepted whole and held in PostgreSQL; its jobs are released "
+        "into the dispatch topic while the backlog is under `lag_soft` and the batches' own "
+        "released jobs are under `lag_soft * batch_fill`. The rest of the room under "
+        "`lag_soft` stays free for single submits, which are admitted beside a running batch.",
+    )
     tenant_rpm: int | None = Field(
         default=None,
         ge=1,
@@ -118,5 +127,7 @@ class AdmissionSettings(SettingsGroup):
     tenant_tpm: int | None = Field(
         default=None,
         ge=1,
-        description="Tokens a tenant may submit per minute (429 `tenant_tpm`). Unset: unlimited.",
+        description="Tokens a tenant may submit per minute (429 `tenant_tpm`). Unset: "
+        "unlimited. A batch is one request to `tenant_rpm` and takes no tokens here: its "
+        "jobs are metered in, round-robin between tenants.",
     )

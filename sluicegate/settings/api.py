@@ -48,8 +48,8 @@ class ApiSettings(SettingsGroup):
     max_batch_requests: int = Field(
         default=50_000,
         ge=1,
-        description="Most requests one batch may hold (`lag_hard` bounds it too: a batch "
-        "fits under it whole).",
+        description="Most requests one batch may hold (OpenAI's limit, 50,000). A batch is "
+        "accepted whole and metered into the dispatch topic (`batch_fill`), whatever the lag.",
     )
     max_file_bytes: int = Field(
         default=200 * 1_048_576,

@@ -11,10 +11,10 @@ import pytest
 from producers.admission.controller import AdmissionController
 from producers.admission.policy import Policy, Refused
 from producers.admission.ratelimit import TenantLimits
+from producers.batches.meter import held_ahead
 from producers.jobs.repository import Flow
 from producers.lag.monitor import LagMonitor
 from producers.lag.rule import Reading
-from schemas.batches import BatchTooLarge
 from schemas.jobs import Priority
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -270,59 +270,70 @@ def admit_batch(
     c: AdmissionController,
     jobs: int,
     *,
-    priority: Priority = Priority.NORMAL,
+    ahead: int = 0,
     ttl_s: float = 3600,
-    tokens: int = 20,
     max_tokens: int = 10,
+    tenant: str = "t",
 ) -> None:
     c.admit_batch(
-        tenant="t",
-        priority=priority,
+        tenant=tenant,
         jobs=jobs,
-        tokens=tokens * jobs,
+        ahead=ahead,
         max_tokens=max_tokens,
         deadline=NOW + timedelta(seconds=ttl_s),
         now=NOW,
     )
 
 
-async def test_a_batch_fits_under_hard_whole_or_is_refused_whole() -> None:
-    admit_batch(controller(150), 50)  # 150 + 50 = hard: still fits
+async def test_a_batch_of_any_size_is_accepted_whatever_the_lag() -> None:
+    # The lag is at the refusal threshold, and the batch is 250 times it: it is held and
+    # metered in, so neither bounds it; a single submit beside it is still refused.
+    c = controller(200)
+    admit_batch(c, 50_000, ttl_s=86_400)
+    assert (await refusal(c)).reason == "lag_hard"
+    # Accepting it added nothing to the lag admission sees: its jobs are not queued yet.
+    assert c.current_lag() == 200
+
+
+async def test_a_batch_that_cannot_end_in_its_window_is_refused_with_the_numbers() -> None:
+    # 50 queued, 300 held ahead and 99 of its own at 10/s: 44.9 s, plus 0.1 s of service.
     with pytest.raises(Refused) as caught:
-        admit_batch(controller(150), 51)
-    assert caught.value.reason == "lag_hard"
-    assert caught.value.retry_after_s == pytest.approx(0.5)  # 1 job over, at 10/s: the floor
+        admit_batch(controller(50), 100, ahead=300, ttl_s=44.5)
+    refused = caught.value
+    assert refused.reason == "deadline_unreachable"
+    message = str(refused)
+    for figure in ("100 jobs", "lag of 50", "300 batch jobs", "45 s", "10.0 jobs/s", "44 s"):
+        assert figure in message, (figure, message)
+    assert refused.retry_after_s == pytest.approx(0.5)  # 0.5 s short: the floor
+    admit_batch(controller(50), 100, ahead=300, ttl_s=45.5)
+
+
+async def test_held_jobs_ahead_count_the_tenants_turns() -> None:
+    held = {"a": 1000, "b": 30, "c": 5000}
+    # A new batch of 100 for "a" waits for all of a's own, and 100 of each other tenant's
+    # (turns), or fewer where that tenant holds fewer.
+    assert held_ahead(held, "a", 100) == 1000 + 30 + 100
+    assert held_ahead(held, "d", 100) == 100 + 30 + 100
+    assert held_ahead({}, "a", 100) == 0
+
+
+async def test_a_batch_is_one_request_to_the_tenant_limits_and_takes_no_tokens() -> None:
+    c = controller(0, rpm=2, tpm=100)
+    admit_batch(c, 5_000, max_tokens=500)  # 2.5M tokens: not taken from the TPM bucket
+    assert await admit(c) == 0.0  # the second request of the minute, and its tokens fit
     with pytest.raises(Refused) as caught:
-        admit_batch(controller(60), 50, priority=Priority.LOW)  # low is refused at soft
-    assert caught.value.reason == "lag_hard"
-    # Admitted batches count at once, before any reading includes them.
-    c = controller(0)
-    admit_batch(c, 150)
-    with pytest.raises(Refused):
-        admit_batch(c, 51)
+        admit_batch(c, 10)
+    assert caught.value.reason == "tenant_rpm"
 
 
-async def test_a_batch_that_can_never_fit_is_too_large() -> None:
-    with pytest.raises(BatchTooLarge):
-        admit_batch(controller(0), 201)
-    with pytest.raises(BatchTooLarge):
-        admit_batch(controller(0, tpm=1000), 10, tokens=101)  # 1010 tokens > the bucket
-
-
-async def test_a_batch_whose_last_job_would_miss_the_deadline_is_refused() -> None:
-    # 50 ahead plus 99 of its own at 10/s is 14.9 s of queue, plus 0.1 s of service.
+async def test_a_batch_is_refused_while_the_lag_is_unknown() -> None:
+    clock = FakeClock()
+    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=5.0, clock=clock)
+    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
     with pytest.raises(Refused) as caught:
-        admit_batch(controller(50), 100, ttl_s=14.5)
-    assert caught.value.reason == "deadline_unreachable"
-    admit_batch(controller(50), 100, ttl_s=15.5)
-
-
-async def test_a_refused_batch_gives_back_the_tenant_budget() -> None:
-    c = controller(190, tpm=1000)
-    with pytest.raises(Refused):
-        admit_batch(c, 20, tokens=40)  # 800 tokens taken, then refused on lag
-    c._monitor, _ = monitor_at(0)
-    admit_batch(c, 20, tokens=40)
+        admit_batch(c, 10)
+    assert caught.value.reason == "lag_unknown"
+    assert c.current_lag() is None
 
 
 async def test_before_the_speed_is_measured_no_deadline_is_refused_on_a_guess() -> None:
@@ -334,11 +345,11 @@ async def test_before_the_speed_is_measured_no_deadline_is_refused_on_a_guess() 
     admit_batch(measured, 5, ttl_s=3, max_tokens=500)  # a batch alike
     measured.observe(flow(timed=8, token_time_s=0.01))
     assert (await refusal(measured, ttl_s=3, max_tokens=500)).reason == "deadline_unreachable"
-    with pytest.raises(Refused, match="exceeds"):
+    with pytest.raises(Refused, match="cannot end within its window"):
         admit_batch(measured, 5, ttl_s=3, max_tokens=500)
     static = controller(0, replace(POLICY, measured_after=0))
     assert (await refusal(static, ttl_s=3, max_tokens=500)).reason == "deadline_unreachable"
-    with pytest.raises(Refused, match="exceeds"):
+    with pytest.raises(Refused, match="cannot end within its window"):
         admit_batch(static, 5, ttl_s=3, max_tokens=500)
 
 

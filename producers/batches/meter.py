@@ -1,0 +1,96 @@
+"""The meter: a batch is accepted whole and its jobs are held in PostgreSQL; the meter
+releases them into the dispatch topic (through the outbox) only as fast as the lag allows.
+
+Each round it releases as many held jobs as keep the backlog under ``lag_soft`` and the
+batches' own released jobs under ``lag_soft * batch_fill``: the rest of the room under
+``lag_soft`` is the single submits', so a single submit is admitted at once beside a
+running batch and queues behind at most that many batch jobs. Tenants take turns (each
+its earliest deadline first), so one tenant's 50,000 lines do not hold up another's 10.
+A held job whose deadline passes ends ``expired`` without being dispatched.
+
+A round runs when a batch is created, when a job ends (the jobs channel's NOTIFY), and
+every ``interval_s``; rounds are at least ``MIN_GAP_S`` apart. Every API process runs a
+meter; an advisory lock lets one of them work at a time, and the backlog is counted in
+PostgreSQL in the same transaction, so replicas never release more than the room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+
+from sqlalchemy.exc import DBAPIError
+
+from producers.batches.meter_repository import Backlog, MeterStore, Round
+from producers.metrics import METERED
+from sluicegate.aio import wait_first
+
+log = logging.getLogger(__name__)
+
+MIN_GAP_S = 0.05
+
+
+def room(backlog: Backlog, *, lag: int, soft: int, fill: int) -> int:
+    """How many held jobs to release: the backlog (the larger of PostgreSQL's count and
+    the lag reading) stays under ``soft``, the batches' part of it under ``fill``."""
+    total = max(backlog.jobs, lag)
+    return max(0, min(soft - total, fill - backlog.batch_jobs))
+
+
+def held_ahead(held: Mapping[str, int], tenant: str, jobs: int) -> int:
+    """How many held jobs are released before the last of a new batch of ``jobs`` of
+    ``tenant``: all that tenant holds already (taken earliest deadline first: the batches
+    before it), and as many of every other tenant's as the batch's own, at most (turns)."""
+    return held.get(tenant, 0) + sum(min(n, jobs) for t, n in held.items() if t != tenant)
+
+
+class Meter:
+    def __init__(
+        self,
+        store: MeterStore,
+        *,
+        lag: Callable[[], int | None],
+        released: Callable[[int], None],
+        soft: int,
+        fill: float,
+        interval_s: float,
+    ) -> None:
+        """``lag``: the current lag reading (None while it is unknown: nothing is released
+        then); ``released``: told how many jobs each round released."""
+        self._store = store
+        self._lag = lag
+        self._released = released
+        self._soft = soft
+        self._fill = max(1, int(soft * fill))
+        self._interval_s = interval_s
+        self._wake = asyncio.Event()
+
+    def wake(self, *_: object) -> None:
+        self._wake.set()
+
+    async def step(self, now: datetime | None = None) -> Round:
+        lag = self._lag()
+        done = await self._store.round(
+            lambda backlog: (
+                0 if lag is None else room(backlog, lag=lag, soft=self._soft, fill=self._fill)
+            ),
+            now or datetime.now(UTC),
+        )
+        if done.released:
+            self._released(done.released)
+            METERED.labels(outcome="released").inc(done.released)
+        if done.expired:
+            METERED.labels(outcome="expired").inc(done.expired)
+        return done
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                await self.step()
+            except (DBAPIError, OSError) as exc:
+                log.warning("meter: round failed, retrying: %r", exc)
+            await wait_first(stop, limit_s=MIN_GAP_S)
+            await wait_first(stop, self._wake, limit_s=self._interval_s)

@@ -1,0 +1,176 @@
+"""The meter's SQL: in one transaction, under an advisory lock (one meter at a time, however
+many API replicas run one), expire the held jobs whose deadline passed, count the backlog,
+and release the next held jobs, round-robin over the tenants, into the outbox."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import chain, zip_longest
+from typing import Any
+
+from sqlalchemy import func, insert, literal_column, select, true, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from producers.jobs.repository import event_row
+from producers.outbox.repository import dispatch_row
+from schemas import reasons
+from schemas.jobs import job_from_row
+from schemas.states import JobState
+from schemas.tables import jobs, outbox
+
+# pg_try_advisory_xact_lock's key: "sluicegate meter".
+LOCK_KEY = 0x5347_4D74
+BACKLOG_STATES = (JobState.QUEUED.value, JobState.DISPATCHED.value, JobState.RUNNING.value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backlog:
+    """The jobs released (or submitted singly) and not ended: queued in the outbox,
+    dispatched, or running; ``batch_jobs`` of them are batches' jobs."""
+
+    jobs: int
+    batch_jobs: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Round:
+    released: int
+    expired: int
+    backlog: Backlog | None  # None: another meter held the lock; this round did nothing
+
+
+Budget = Callable[[Backlog], int]
+
+
+class MeterStore:
+    def __init__(self, engine: AsyncEngine, *, dispatch_topic: str, events_topic: str) -> None:
+        self._engine = engine
+        self._dispatch_topic = dispatch_topic
+        self._events_topic = events_topic
+
+    async def round(self, budget: Budget, now: datetime, *, expire_limit: int = 1000) -> Round:
+        """Expire up to ``expire_limit`` overdue held jobs, then release as many held jobs
+        as ``budget`` allows for the backlog counted in the same transaction."""
+        async with self._engine.begin() as conn:
+            locked = await conn.scalar(select(func.pg_try_advisory_xact_lock(LOCK_KEY)))
+            if not locked:
+                return Round(released=0, expired=0, backlog=None)
+            expired = await self._expire(conn, now, expire_limit)
+            backlog = await _backlog(conn)
+            wanted = budget(backlog)
+            released = await self._release(conn, wanted, now) if wanted > 0 else 0
+        return Round(released=released, expired=expired, backlog=backlog)
+
+    async def _expire(self, conn: AsyncConnection, now: datetime, limit: int) -> int:
+        """Held jobs whose deadline passed end ``expired`` (deadline_passed), never
+        dispatched; each with its event, as a worker's drop before decode writes it."""
+        overdue = (
+            select(jobs.c.id)
+            .where(jobs.c.held, jobs.c.deadline <= now)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        rows = (
+            (
+                await conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id.in_(overdue.scalar_subquery()), jobs.c.held)
+                    .values(
+                        state=JobState.EXPIRED.value,
+                        held=False,
+                        finished_at=now,
+                        updated_at=now,
+                        error=reasons.error(
+                            JobState.EXPIRED, reasons.DEADLINE_PASSED, "before_decode"
+                        ),
+                    )
+                    .returning(*jobs.c)
+                )
+            )
+            .mappings()
+            .all()
+        )
+        if rows:
+            events = [
+                event_row(self._events_topic, job_from_row(r), now, reasons.DEADLINE_PASSED)
+                for r in rows
+            ]
+            await conn.execute(insert(outbox), events)
+        return len(rows)
+
+    async def _release(self, conn: AsyncConnection, wanted: int, now: datetime) -> int:
+        """Up to ``wanted`` held jobs, round-robin over the tenants that hold any (each
+        tenant's earliest deadline first), are released: no longer held, and their dispatch
+        records written to the outbox. Rows another transaction holds are skipped, never
+        waited for."""
+        tenants = select(jobs.c.tenant).where(jobs.c.held).distinct().subquery("tenants")
+        each = (
+            select(jobs.c.id, jobs.c.tenant, jobs.c.deadline)
+            .where(jobs.c.held, jobs.c.tenant == tenants.c.tenant)
+            .order_by(jobs.c.deadline, jobs.c.id)
+            .limit(wanted)
+            .with_for_update(skip_locked=True)
+            .lateral("each")
+        )
+        turn = (
+            func.row_number()
+            .over(partition_by=each.c.tenant, order_by=(each.c.deadline, each.c.id))
+            .label("turn")
+        )
+        ranked = (
+            select(each.c.id, each.c.tenant, turn)
+            .select_from(tenants.join(each, true()))
+            .subquery("ranked")
+        )
+        picked = (
+            select(ranked.c.id).order_by(ranked.c.turn, ranked.c.tenant).limit(wanted)
+        ).scalar_subquery()
+        rows = (
+            (
+                await conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id.in_(picked), jobs.c.held)
+                    .values(held=False, updated_at=now)
+                    .returning(
+                        jobs.c.id,
+                        jobs.c.tenant,
+                        jobs.c.kind,
+                        jobs.c.priority,
+                        jobs.c.max_tokens,
+                        jobs.c.deadline,
+                        jobs.c.input,
+                    )
+                )
+            )
+            .mappings()
+            .all()
+        )
+        if rows:
+            records = [dispatch_row(self._dispatch_topic, r) for r in interleaved(rows)]
+            await conn.execute(insert(outbox), records)
+        return len(rows)
+
+
+def interleaved(rows: Sequence[Mapping[Any, Any]]) -> list[Mapping[Any, Any]]:
+    """The released jobs in dispatch order: a turn of each tenant (each tenant's own in
+    deadline order), then the next turn, so that no tenant's jobs queue behind another's."""
+    by_tenant: dict[str, list[Mapping[Any, Any]]] = {}
+    for row in sorted(rows, key=lambda r: (r["deadline"], str(r["id"]))):
+        by_tenant.setdefault(row["tenant"], []).append(row)
+    turns = zip_longest(*(by_tenant[t] for t in sorted(by_tenant)))
+    return [row for row in chain.from_iterable(turns) if row is not None]
+
+
+async def _backlog(conn: AsyncConnection) -> Backlog:
+    """Counted on the partial index ix_jobs_backlog (its predicate, as literals)."""
+    states = ", ".join(f"'{s}'" for s in BACKLOG_STATES)
+    row = (
+        await conn.execute(
+            select(func.count(), func.count(jobs.c.batch_id)).where(
+                ~jobs.c.held, literal_column(f"jobs.state IN ({states})")
+            )
+        )
+    ).one()
+    return Backlog(jobs=int(row[0]), batch_jobs=int(row[1]))
