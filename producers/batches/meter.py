@@ -6,7 +6,8 @@ batches' own released jobs under ``lag_soft * batch_fill``: the rest of the room
 ``lag_soft`` is the single submits', so a single submit is admitted at once beside a
 running batch and queues behind at most that many batch jobs. Tenants take turns (each
 its earliest deadline first), so one tenant's 50,000 lines do not hold up another's 10.
-A held job whose deadline passes ends ``expired`` without being dispatched.
+A held job whose deadline passes ends ``expired`` without being dispatched (looked for
+once every ``EXPIRE_EVERY_S``).
 
 A round runs when a batch is created, when a job ends (the jobs channel's NOTIFY), and
 every ``interval_s``; rounds are at least ``MIN_GAP_S`` apart. Every API process runs a
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
@@ -30,6 +32,7 @@ from sluicegate.aio import wait_first
 log = logging.getLogger(__name__)
 
 MIN_GAP_S = 0.05
+EXPIRE_EVERY_S = 1.0  # how often a round looks for held jobs past their deadline
 
 
 def room(backlog: Backlog, *, lag: int, soft: int, fill: int) -> int:
@@ -66,18 +69,23 @@ class Meter:
         self._fill = max(1, int(soft * fill))
         self._interval_s = interval_s
         self._wake = asyncio.Event()
+        self._expired_at = -EXPIRE_EVERY_S
 
     def wake(self, *_: object) -> None:
         self._wake.set()
 
     async def step(self, now: datetime | None = None) -> Round:
         lag = self._lag()
+        expire = time.monotonic() - self._expired_at >= EXPIRE_EVERY_S
         done = await self._store.round(
             lambda backlog: (
                 0 if lag is None else room(backlog, lag=lag, soft=self._soft, fill=self._fill)
             ),
             now or datetime.now(UTC),
+            expire=expire,
         )
+        if expire and done.backlog is not None:
+            self._expired_at = time.monotonic()
         if done.released:
             self._released(done.released)
             METERED.labels(outcome="released").inc(done.released)

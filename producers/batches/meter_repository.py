@@ -10,7 +10,7 @@ from datetime import datetime
 from itertools import chain, zip_longest
 from typing import Any
 
-from sqlalchemy import func, insert, literal_column, select, true, update
+from sqlalchemy import func, insert, literal_column, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from producers.jobs.repository import event_row
@@ -23,6 +23,40 @@ from schemas.tables import jobs, outbox
 # pg_try_advisory_xact_lock's key: "sluicegate meter".
 LOCK_KEY = 0x5347_4D74
 BACKLOG_STATES = (JobState.QUEUED.value, JobState.DISPATCHED.value, JobState.RUNNING.value)
+
+
+# The tenants holding jobs are found by a loose index scan (one probe of ix_jobs_held per
+# tenant, not a pass over every held job); each gives up to :wanted of its held jobs,
+# earliest deadline first, skipping rows another transaction holds; they are ranked by
+# turn (every tenant's first, then every tenant's second, ...) and the first :wanted are
+# released.
+_RELEASE = text(
+    """
+WITH RECURSIVE tenants(tenant) AS (
+    (SELECT tenant FROM jobs WHERE held ORDER BY tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.tenant FROM jobs j WHERE j.held AND j.tenant > t.tenant
+            ORDER BY j.tenant LIMIT 1)
+    FROM tenants t WHERE t.tenant IS NOT NULL
+), candidates AS (
+    SELECT c.id, c.tenant,
+           row_number() OVER (PARTITION BY c.tenant ORDER BY c.deadline, c.id) AS turn
+    FROM tenants t CROSS JOIN LATERAL (
+        SELECT id, tenant, deadline FROM jobs
+        WHERE held AND tenant = t.tenant
+        ORDER BY deadline, id LIMIT :wanted
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE t.tenant IS NOT NULL
+), picked AS (
+    SELECT id FROM candidates ORDER BY turn, tenant LIMIT :wanted
+)
+UPDATE jobs SET held = false, updated_at = :now
+FROM picked WHERE jobs.id = picked.id AND jobs.held
+RETURNING jobs.id, jobs.tenant, jobs.kind, jobs.priority, jobs.max_tokens, jobs.deadline,
+          jobs.input
+"""
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,14 +84,17 @@ class MeterStore:
         self._dispatch_topic = dispatch_topic
         self._events_topic = events_topic
 
-    async def round(self, budget: Budget, now: datetime, *, expire_limit: int = 1000) -> Round:
-        """Expire up to ``expire_limit`` overdue held jobs, then release as many held jobs
-        as ``budget`` allows for the backlog counted in the same transaction."""
+    async def round(
+        self, budget: Budget, now: datetime, *, expire: bool = True, expire_limit: int = 1000
+    ) -> Round:
+        """Expire up to ``expire_limit`` overdue held jobs (with ``expire``), then release
+        as many held jobs as ``budget`` allows for the backlog counted in the same
+        transaction."""
         async with self._engine.begin() as conn:
             locked = await conn.scalar(select(func.pg_try_advisory_xact_lock(LOCK_KEY)))
             if not locked:
                 return Round(released=0, expired=0, backlog=None)
-            expired = await self._expire(conn, now, expire_limit)
+            expired = await self._expire(conn, now, expire_limit) if expire else 0
             backlog = await _backlog(conn)
             wanted = budget(backlog)
             released = await self._release(conn, wanted, now) if wanted > 0 else 0
@@ -105,48 +142,7 @@ class MeterStore:
         tenant's earliest deadline first), are released: no longer held, and their dispatch
         records written to the outbox. Rows another transaction holds are skipped, never
         waited for."""
-        tenants = select(jobs.c.tenant).where(jobs.c.held).distinct().subquery("tenants")
-        each = (
-            select(jobs.c.id, jobs.c.tenant, jobs.c.deadline)
-            .where(jobs.c.held, jobs.c.tenant == tenants.c.tenant)
-            .order_by(jobs.c.deadline, jobs.c.id)
-            .limit(wanted)
-            .with_for_update(skip_locked=True)
-            .lateral("each")
-        )
-        turn = (
-            func.row_number()
-            .over(partition_by=each.c.tenant, order_by=(each.c.deadline, each.c.id))
-            .label("turn")
-        )
-        ranked = (
-            select(each.c.id, each.c.tenant, turn)
-            .select_from(tenants.join(each, true()))
-            .subquery("ranked")
-        )
-        picked = (
-            select(ranked.c.id).order_by(ranked.c.turn, ranked.c.tenant).limit(wanted)
-        ).scalar_subquery()
-        rows = (
-            (
-                await conn.execute(
-                    update(jobs)
-                    .where(jobs.c.id.in_(picked), jobs.c.held)
-                    .values(held=False, updated_at=now)
-                    .returning(
-                        jobs.c.id,
-                        jobs.c.tenant,
-                        jobs.c.kind,
-                        jobs.c.priority,
-                        jobs.c.max_tokens,
-                        jobs.c.deadline,
-                        jobs.c.input,
-                    )
-                )
-            )
-            .mappings()
-            .all()
-        )
+        rows = (await conn.execute(_RELEASE, {"wanted": wanted, "now": now})).mappings().all()
         if rows:
             records = [dispatch_row(self._dispatch_topic, r) for r in interleaved(rows)]
             await conn.execute(insert(outbox), records)

@@ -1,0 +1,62 @@
+"""The meter's rule and its rounds, with a fake store: what it asks the store to release,
+when it looks for expired jobs, and what it tells admission."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from producers.batches.meter import Meter, room
+from producers.batches.meter_repository import Backlog, Budget, Round
+
+
+class FakeStore:
+    def __init__(self, backlog: Backlog) -> None:
+        self.backlog = backlog
+        self.asked: list[tuple[int, bool]] = []
+
+    async def round(self, budget: Budget, now: datetime, *, expire: bool = True) -> Round:
+        wanted = budget(self.backlog)
+        self.asked.append((wanted, expire))
+        return Round(released=wanted, expired=0, backlog=self.backlog)
+
+
+def meter(store: FakeStore, lag: int | None, told: list[int]) -> Meter:
+    return Meter(
+        store,  # type: ignore[arg-type]
+        lag=lambda: lag,
+        released=told.append,
+        soft=100,
+        fill=0.5,
+        interval_s=0.5,
+    )
+
+
+def test_the_room_is_the_smaller_of_soft_and_the_batches_fill() -> None:
+    assert room(Backlog(jobs=0, batch_jobs=0), lag=0, soft=100, fill=50) == 50
+    assert room(Backlog(jobs=70, batch_jobs=10), lag=0, soft=100, fill=50) == 30
+    assert room(Backlog(jobs=20, batch_jobs=20), lag=0, soft=100, fill=50) == 30
+    assert room(Backlog(jobs=20, batch_jobs=20), lag=95, soft=100, fill=50) == 5
+    assert room(Backlog(jobs=120, batch_jobs=60), lag=0, soft=100, fill=50) == 0
+
+
+async def test_a_round_releases_the_room_and_tells_admission() -> None:
+    store, told = FakeStore(Backlog(jobs=30, batch_jobs=10)), []
+    done = await meter(store, 0, told).step(datetime.now(UTC))
+    assert done.released == 40  # fill 50 less the 10 batch jobs in the backlog
+    assert told == [40]
+
+
+async def test_nothing_is_released_while_the_lag_is_unknown() -> None:
+    store, told = FakeStore(Backlog(jobs=0, batch_jobs=0)), []
+    await meter(store, None, told).step()
+    assert store.asked == [(0, True)]  # expiry still runs
+    assert told == []
+
+
+async def test_expired_jobs_are_looked_for_once_a_second_not_every_round() -> None:
+    store, told = FakeStore(Backlog(jobs=0, batch_jobs=0)), []
+    m = meter(store, 0, told)
+    await m.step()
+    await m.step()
+    assert [expire for _, expire in store.asked] == [True, False]
+
