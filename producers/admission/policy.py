@@ -218,8 +218,8 @@ class Policy:
             "deadline_unreachable",
             f"the batch's {jobs:,} jobs cannot end within its window: behind a lag of "
             f"{lag.lag:,} and {ahead:,} batch jobs held before them, its last job would reach "
-            f"a worker in about {wait_s:,.0f} s at the measured {rate:,.1f} jobs/s and decode "
-            f"in {service_s:,.1f} s, but the window ends in {left_s:,.0f} s",
+            f"a worker in about {wait_s:,.1f} s at the measured {rate:,.1f} jobs/s and decode "
+            f"in {service_s:,.1f} s, but the window ends in {left_s:,.1f} s",
             retry_after_s=self.clamp(wait_s + service_s - left_s),
             lag=lag.lag,
         )
