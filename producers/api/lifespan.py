@@ -176,7 +176,7 @@ async def _background(services: Services, db: AsyncEngine) -> AsyncIterator[None
 
     def on_notice(payload: str) -> None:
         services.waiters.on_notice(payload)
-        services.meter.wake()  # a job ended: room for a held one
+        services.meter.job_ended()  # room for a held job
 
     listener = Listener(
         db.url.render_as_string(hide_password=False),

@@ -70,9 +70,18 @@ class Meter:
         self._interval_s = interval_s
         self._wake = asyncio.Event()
         self._expired_at = -EXPIRE_EVERY_S
+        # Whether held jobs may wait for room: the last round filled all the room it had
+        # (or had none). Until then a job's end does not wake the meter.
+        self._waiting = True
 
-    def wake(self, *_: object) -> None:
+    def wake(self) -> None:
+        """A batch was created: a round now."""
         self._wake.set()
+
+    def job_ended(self) -> None:
+        """A job ended: a round now, if held jobs may be waiting for the room it left."""
+        if self._waiting:
+            self._wake.set()
 
     async def step(self, now: datetime | None = None) -> Round:
         lag = self._lag()
@@ -84,8 +93,10 @@ class Meter:
             now or datetime.now(UTC),
             expire=expire,
         )
-        if expire and done.backlog is not None:
-            self._expired_at = time.monotonic()
+        if done.backlog is not None:
+            self._waiting = done.wanted == 0 or done.released == done.wanted
+            if expire:
+                self._expired_at = time.monotonic()
         if done.released:
             self._released(done.released)
             METERED.labels(outcome="released").inc(done.released)

@@ -70,7 +70,8 @@ class Backlog:
 
 @dataclass(frozen=True, kw_only=True)
 class Round:
-    released: int
+    wanted: int  # the room the budget gave
+    released: int  # fewer than wanted: nothing more was held (or free to take)
     expired: int
     backlog: Backlog | None  # None: another meter held the lock; this round did nothing
 
@@ -93,12 +94,12 @@ class MeterStore:
         async with self._engine.begin() as conn:
             locked = await conn.scalar(select(func.pg_try_advisory_xact_lock(LOCK_KEY)))
             if not locked:
-                return Round(released=0, expired=0, backlog=None)
+                return Round(wanted=0, released=0, expired=0, backlog=None)
             expired = await self._expire(conn, now, expire_limit) if expire else 0
             backlog = await _backlog(conn)
             wanted = budget(backlog)
             released = await self._release(conn, wanted, now) if wanted > 0 else 0
-        return Round(released=released, expired=expired, backlog=backlog)
+        return Round(wanted=wanted, released=released, expired=expired, backlog=backlog)
 
     async def _expire(self, conn: AsyncConnection, now: datetime, limit: int) -> int:
         """Held jobs whose deadline passed end ``expired`` (deadline_passed), never

@@ -10,14 +10,17 @@ from producers.batches.meter_repository import Backlog, Budget, Round
 
 
 class FakeStore:
-    def __init__(self, backlog: Backlog) -> None:
+    def __init__(self, backlog: Backlog, held: int = 1000) -> None:
         self.backlog = backlog
+        self.held = held
         self.asked: list[tuple[int, bool]] = []
 
     async def round(self, budget: Budget, now: datetime, *, expire: bool = True) -> Round:
         wanted = budget(self.backlog)
         self.asked.append((wanted, expire))
-        return Round(released=wanted, expired=0, backlog=self.backlog)
+        released = min(wanted, self.held)
+        self.held -= released
+        return Round(wanted=wanted, released=released, expired=0, backlog=self.backlog)
 
 
 def meter(store: FakeStore, lag: int | None, told: list[int]) -> Meter:
@@ -60,3 +63,20 @@ async def test_expired_jobs_are_looked_for_once_a_second_not_every_round() -> No
     await m.step()
     assert [expire for _, expire in store.asked] == [True, False]
 
+
+async def test_a_job_ending_wakes_the_meter_only_while_held_jobs_wait_for_room() -> None:
+    store, told = FakeStore(Backlog(jobs=0, batch_jobs=0), held=30), []
+    m = meter(store, 0, told)
+    m.job_ended()
+    assert m._wake.is_set()  # nothing known yet: held jobs may wait
+    m._wake.clear()
+    await m.step()  # room for 50, only 30 held: all released
+    m.job_ended()
+    assert not m._wake.is_set()
+    m.wake()  # a new batch
+    assert m._wake.is_set()
+    m._wake.clear()
+    store.held = 80
+    await m.step()  # room for 50 of 80: the rest waits for room
+    m.job_ended()
+    assert m._wake.is_set()
