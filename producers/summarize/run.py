@@ -54,7 +54,7 @@ class Options:
 
 
 def refusal_line(refusal: ApiError, wait_s: float) -> str:
-    """``refused (lag_hard): the worker group is 1995 jobs behind; retrying in 12 s, at …``"""
+    """``refused (tenant_rpm): tenant acme is over its RPM limit; retrying in 48 s, at …``"""
     at = datetime.now(UTC).timestamp() + wait_s
     clock = datetime.fromtimestamp(at).strftime("%H:%M:%S")
     return f"refused ({refusal.code}): {refusal.message}; retrying in {span(wait_s)}, at {clock}"

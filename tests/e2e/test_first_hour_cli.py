@@ -211,7 +211,9 @@ def test_help_shows_defaults_and_limits(tmp_path: Path) -> None:
 def test_refusals_speak_and_a_lost_stack_is_one_line(
     stack_factory: Callable[..., RunningStack], tmp_path: Path
 ) -> None:
-    stack = stack_factory(workers=0, SLUICEGATE_LAG_SOFT="2", SLUICEGATE_LAG_HARD="3")
+    # One request a minute per tenant: the second run is refused until the bucket refills.
+    # (A batch is not refused for lag: it is held and metered in.)
+    stack = stack_factory(workers=0, SLUICEGATE_TENANT_RPM="1")
     env = env_for(tmp_path, stack)
     for name in ("a", "b", "c", "d"):
         (tmp_path / "three" / f"{name}.txt").parent.mkdir(exist_ok=True)
@@ -220,7 +222,7 @@ def test_refusals_speak_and_a_lost_stack_is_one_line(
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "d.txt").write_text("Document d.")
 
-    # Three jobs fill the queue to lag_hard; nothing consumes them.
+    # Three jobs wait in the queue; nothing consumes them.
     waiting = start(
         "summarize", str(tmp_path / "three"), "--out", str(tmp_path / "3.jsonl"), env=env
     )
@@ -233,7 +235,7 @@ def test_refusals_speak_and_a_lost_stack_is_one_line(
     seen = []
     for line in refused.stdout:
         seen.append(line)
-        if line.startswith("refused (lag_hard):"):
+        if line.startswith("refused (tenant_rpm):"):
             break
     assert "retrying in" in seen[-1], seen
     assert ", at " in seen[-1], seen
