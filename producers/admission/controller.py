@@ -196,15 +196,8 @@ class AdmissionController:
         return self._policy.token_time_s if measured is None else measured
 
     def _check_deadline(
-        self,
-        lag: LagSnapshot,
-        max_tokens: int,
-        deadline: datetime,
-        now: datetime,
-        *,
-        ahead: int = 0,
+        self, lag: LagSnapshot, max_tokens: int, deadline: datetime, now: datetime
     ) -> None:
-        """``ahead``: jobs of the same request queued before the last one (a batch)."""
         refused = self._policy.deadline_refusal(
             lag,
             running=self._running,
@@ -212,7 +205,6 @@ class AdmissionController:
             max_tokens=max_tokens,
             deadline=deadline,
             now=now,
-            ahead=ahead,
         )
         if refused is not None:
             raise refused

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from producers.lag.rule import LagSnapshot
@@ -167,20 +167,16 @@ class Policy:
         max_tokens: int,
         deadline: datetime,
         now: datetime,
-        ahead: int = 0,
     ) -> Refused | None:
         """The refusal of a job that would not end by ``deadline``: the predicted queue wait
-        (the lag less the ``running`` jobs, plus ``ahead`` jobs of the same request, at μ)
-        and its service time. None when it can, or when there is nothing to predict with
-        (no drain rate, or a speed to be measured and not measured yet)."""
-        queued = max(0, lag.lag - running) + ahead
-        predicted = self._predict(lag, queued, max_tokens, measured_token_time_s)
-        if predicted is None:
+        (the lag less the ``running`` jobs, at μ) and its service time. None when it can,
+        or when there is nothing to predict with (no drain rate, or a speed to be measured
+        and not measured yet)."""
+        queued = max(0, lag.lag - running)
+        late = self._late(lag, queued, max_tokens, measured_token_time_s, deadline - now)
+        if late is None:
             return None
-        wait_s, service_s = predicted
-        left_s = (deadline - now).total_seconds()
-        if wait_s + service_s <= left_s:
-            return None
+        wait_s, service_s, left_s = late
         return Refused(
             "deadline_unreachable",
             f"predicted queue wait {wait_s:.1f}s + service {service_s:.1f}s exceeds the "
@@ -206,29 +202,31 @@ class Policy:
         jobs that are released before it, and the batch's other jobs; None when it fits
         or when there is nothing to predict with."""
         queued = max(0, lag.lag - running) + ahead + jobs - 1
-        predicted = self._predict(lag, queued, max_tokens, measured_token_time_s)
-        if predicted is None:
+        late = self._late(lag, queued, max_tokens, measured_token_time_s, deadline - now)
+        if late is None:
             return None
-        wait_s, service_s = predicted
-        left_s = (deadline - now).total_seconds()
-        if wait_s + service_s <= left_s:
-            return None
-        rate = lag.drain_rate or 0.0
+        wait_s, service_s, left_s = late
         return Refused(
             "deadline_unreachable",
             f"the batch's {jobs:,} jobs cannot end within its window: behind a lag of "
             f"{lag.lag:,} and {ahead:,} batch jobs held before them, its last job would reach "
-            f"a worker in about {wait_s:,.1f} s at the measured {rate:,.1f} jobs/s and decode "
-            f"in {service_s:,.1f} s, but the window ends in {left_s:,.1f} s",
+            f"a worker in about {wait_s:,.1f} s at the measured {lag.drain_rate or 0:,.1f} "
+            f"jobs/s and decode in {service_s:,.1f} s, but the window ends in {left_s:,.1f} s",
             retry_after_s=self.clamp(wait_s + service_s - left_s),
             lag=lag.lag,
         )
 
-    def _predict(
-        self, lag: LagSnapshot, queued: int, max_tokens: int, measured_token_time_s: float | None
-    ) -> tuple[float, float] | None:
-        """(queue wait, service) in seconds for a job behind ``queued`` jobs; None when
-        deadline-aware admission is off or there is nothing to predict with."""
+    def _late(
+        self,
+        lag: LagSnapshot,
+        queued: int,
+        max_tokens: int,
+        measured_token_time_s: float | None,
+        left: timedelta,
+    ) -> tuple[float, float, float] | None:
+        """(queue wait, service, time left) in seconds for a job behind ``queued`` jobs
+        that would not end in the time ``left``; None when it would, when deadline-aware
+        admission is off, or when there is nothing to predict with."""
         if not self.deadline_aware:
             return None
         if self.measured_after > 0 and measured_token_time_s is None:
@@ -237,4 +235,6 @@ class Policy:
         if wait_s is None:
             return None  # no drain measured yet: no prediction to refuse on
         token_time_s = self.token_time_s if measured_token_time_s is None else measured_token_time_s
-        return wait_s, max_tokens * token_time_s
+        service_s = max_tokens * token_time_s
+        left_s = left.total_seconds()
+        return None if wait_s + service_s <= left_s else (wait_s, service_s, left_s)

@@ -79,7 +79,6 @@ def deadline(
     ttl_s: float,
     *,
     running: int = 0,
-    ahead: int = 0,
     aware: bool = True,
     drain_rate: float | None = 10.0,
     measured_after: int = 0,
@@ -94,7 +93,6 @@ def deadline(
         max_tokens=10,
         deadline=NOW + timedelta(seconds=ttl_s),
         now=NOW,
-        ahead=ahead,
     )
 
 
@@ -106,8 +104,30 @@ def test_the_deadline_rule() -> None:
     assert refused.retry_after_s == pytest.approx(5.0)
     assert deadline(50, 5.2) is None
     assert deadline(50, 3.2, running=20) is None  # running jobs are not queue ahead
-    assert deadline(50, 5.2, ahead=2) is not None  # a batch's own jobs are
     assert deadline(50, 1.0, aware=False) is None
+
+
+def test_the_batch_rule() -> None:
+    def batch(jobs: int, ahead: int, ttl_s: float, running: int = 0) -> Refused | None:
+        return POLICY.batch_refusal(
+            lag(50),
+            running=running,
+            measured_token_time_s=None,
+            jobs=jobs,
+            ahead=ahead,
+            max_tokens=10,
+            deadline=NOW + timedelta(seconds=ttl_s),
+            now=NOW,
+        )
+
+    # Its last job waits for the 50 queued, the 20 held ahead and its 29 others: 9.9 s at
+    # 10/s, plus 0.1 s of service.
+    assert batch(30, 20, 10.0) is None
+    refused = batch(30, 20, 9.5)
+    assert refused is not None
+    assert refused.reason == "deadline_unreachable"
+    assert refused.retry_after_s == pytest.approx(POLICY.clamp(0.5))
+    assert batch(30, 20, 9.5, running=5) is None  # running jobs are not queue ahead
 
 
 def test_no_deadline_refusal_without_a_prediction() -> None:
