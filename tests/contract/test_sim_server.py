@@ -90,6 +90,34 @@ async def test_bad_input_is_a_400_openai_error(
     assert field in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        # vLLM 0.33, vllm/sampling_params.py 656-679 (SamplingParams._verify_args).
+        ("temperature", -1.0, "temperature must be non-negative, got -1.0."),
+        ("temperature", 3.0, "temperature must be in [0, 2], got 3.0."),
+        ("top_p", 0.0, "top_p must be in (0, 1], got 0.0."),
+        ("top_p", 1.5, "top_p must be in (0, 1], got 1.5."),
+    ],
+)
+async def test_a_sampling_value_out_of_range_is_vllms_400(
+    client: httpx.AsyncClient, field: str, value: float, message: str
+) -> None:
+    answer = await client.post("/v1/completions", json={"prompt": "hi", field: value})
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    # vllm/entrypoints/serve/exception_handling/error_response.py 43-46: BadRequestError,
+    # param set; vllm/exceptions.py 49-56: the message ends with the parameter and value.
+    assert error == {
+        "message": f"{message} (parameter={field}, value={value})",
+        "type": "BadRequestError",
+        "param": field,
+        "code": 400,
+    }
+    fine = await client.post("/v1/completions", json={"prompt": "hi", field: 1.0})
+    assert fine.status_code == 200, fine.text
+
+
 async def test_malformed_json_is_a_400(client: httpx.AsyncClient) -> None:
     answer = await client.post(
         "/v1/completions", content=b"{nope", headers={"content-type": "application/json"}

@@ -6,6 +6,7 @@ ids ``/tokenize`` and ``return_token_ids`` report.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from http import HTTPStatus
 from typing import Any
@@ -36,9 +37,10 @@ class CompletionRequest(BaseModel):
     stream_interval: int | None = Field(default=None, ge=1)
     return_token_ids: bool = False
     sluicegate_kind: JobKind = JobKind.COMPLETE
-    # Sampling, with vLLM's bounds (its SamplingParams refuses the rest with a 400).
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    # Sampling: unbounded here as in vLLM's request model; checked by ``sampling_refusal``
+    # as vLLM's SamplingParams checks them.
+    temperature: float | None = None
+    top_p: float | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
 
@@ -69,6 +71,35 @@ def error_response(status: HTTPStatus, message: str, kind: str | None = None) ->
 def error_body(status: HTTPStatus, message: str, kind: str | None = None) -> dict[str, Any]:
     error = {"message": message, "type": kind or status.phrase, "param": None, "code": status}
     return {"error": error}
+
+
+def sampling_refusal(body: CompletionRequest) -> tuple[str, str, float] | None:
+    """(message, parameter, value) of a sampling value vLLM 0.33 refuses, as its
+    ``SamplingParams._verify_args`` words it (``vllm/sampling_params.py`` 656-679); its
+    server answers 400 ``BadRequestError`` with ``param`` set and the message followed by
+    the parameter and value (``vllm/exceptions.py`` 49-56,
+    ``vllm/entrypoints/serve/exception_handling/error_response.py`` 43-46)."""
+    t = body.temperature
+    if t is not None:
+        if not math.isfinite(t):
+            return f"temperature must be a finite number, got {t}.", "temperature", t
+        if t < 0.0:
+            return f"temperature must be non-negative, got {t}.", "temperature", t
+        if t > 2.0:
+            return f"temperature must be in [0, 2], got {t}.", "temperature", t
+    if body.top_p is not None and not 0.0 < body.top_p <= 1.0:
+        return f"top_p must be in (0, 1], got {body.top_p}.", "top_p", body.top_p
+    return None
+
+
+def validation_response(message: str, parameter: str, value: float) -> JSONResponse:
+    body = error_body(
+        HTTPStatus.BAD_REQUEST,
+        f"{message} (parameter={parameter}, value={value})",
+        "BadRequestError",
+    )
+    body["error"]["param"] = parameter
+    return JSONResponse(body, status_code=HTTPStatus.BAD_REQUEST)
 
 
 def engine_status(exc: EngineError) -> HTTPStatus:

@@ -28,9 +28,11 @@ from workers.engines.sim.protocol import (
     engine_status,
     error_body,
     error_response,
+    sampling_refusal,
     sse,
     token_id,
     unknown_model,
+    validation_response,
 )
 
 
@@ -72,6 +74,8 @@ class Server:
     def refusal(self, body: CompletionRequest, prompt_tokens: int) -> JSONResponse | None:
         if body.model is not None and body.model not in self.config.served_model_names:
             return unknown_model(body.model)
+        if (bad := sampling_refusal(body)) is not None:
+            return validation_response(*bad)
         if body.max_tokens > self.context:
             return error_response(
                 HTTPStatus.BAD_REQUEST,

@@ -5,8 +5,10 @@ the worker's ``vllm_http`` engine can be tried, and tested, without a GPU.
 - ``POST /v1/completions``: ``model``, ``prompt`` (a string), ``max_tokens`` (default 16),
   ``stream``, ``stream_options.include_usage`` (off unless asked:
   ``entrypoints/generate/base/protocol.py`` ~293), ``stream_interval``, ``return_token_ids``,
-  and the sampling fields ``temperature`` (>= 0), ``top_p`` (over 0 up to 1), ``stop`` and
-  ``seed``, applied as the simulator engine applies them (``sim/output.py``).
+  and the sampling fields ``temperature`` (0 to 2, finite), ``top_p`` (over 0 up to 1),
+  ``stop`` and ``seed``, applied as the simulator engine applies them (``sim/output.py``);
+  a value out of range is vLLM's 400 ``BadRequestError`` with its ``param``
+  (``sim/protocol.py`` ``sampling_refusal``).
   Unknown fields are allowed, as vLLM allows them (``entrypoints/serve/engine/protocol.py``
   ~39). Streaming answers are server-sent events: the first token alone, then a chunk every
   ``stream_interval`` tokens (the larger of the request's and the server's, default 1:
