@@ -27,9 +27,9 @@ BACKLOG_STATES = (JobState.QUEUED.value, JobState.DISPATCHED.value, JobState.RUN
 
 # The tenants holding jobs are found by a loose index scan (one probe of ix_jobs_held per
 # tenant, not a pass over every held job); each gives up to :wanted of its held jobs,
-# earliest deadline first, skipping rows another transaction holds; they are ranked by
-# turn (every tenant's first, then every tenant's second, ...) and the first :wanted are
-# released.
+# earliest deadline first, skipping rows another transaction holds and jobs already past
+# their deadline (the expiry step ends those); they are ranked by turn (every tenant's
+# first, then every tenant's second, ...) and the first :wanted are released.
 _RELEASE = text(
     """
 WITH RECURSIVE tenants(tenant) AS (
@@ -43,7 +43,7 @@ WITH RECURSIVE tenants(tenant) AS (
            row_number() OVER (PARTITION BY c.tenant ORDER BY c.deadline, c.id) AS turn
     FROM tenants t CROSS JOIN LATERAL (
         SELECT id, tenant, deadline FROM jobs
-        WHERE held AND tenant = t.tenant
+        WHERE held AND tenant = t.tenant AND deadline > :now
         ORDER BY deadline, id LIMIT :wanted
         FOR UPDATE SKIP LOCKED
     ) c

@@ -135,3 +135,73 @@ def cancel_and_page(client: OpenAI, tmp_path: Path) -> None:
     assert missing.value.code == "file_not_found"
     with pytest.raises(openai.NotFoundError):
         client.files.content(f"file-{made[1].id}-output")  # still running: no such file yet
+
+
+LONG_PROMPT = " ".join(f"w{j}" for j in range(200))
+
+
+def line_of(custom_id: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = {"model": "sim", "prompt": prompt, "max_tokens": max_tokens}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
+
+
+def test_the_error_file_holds_the_expired_and_the_failed_lines(
+    stack_factory: Callable[..., RunningStack], tmp_path: Path
+) -> None:
+    # A simulated GPU of 128 KV blocks (2,048 tokens), each step slowed a hundredfold (to
+    # about 0.2 s); lag_soft 2 lets the meter release one batch job at a time, in the
+    # file's order (one deadline, then submission order).
+    stack = stack_factory(
+        workers=1,
+        SLUICEGATE_SIM_NUM_BLOCKS="128",
+        SLUICEGATE_SIM_TIME_SCALE="100",
+        SLUICEGATE_LAG_SOFT="2",
+        SLUICEGATE_LAG_HARD="4",
+    )
+    with client_of(stack) as client:
+        warm = wait_ended(client, create(client, tmp_path, [line_of("warm", "Hello.", 2)], "1h"))
+        assert warm.status == "completed", warm  # the worker consumes: the clock is fair
+        lines = [
+            line_of("quick", "Say yes.", 1),  # two steps: ends well inside the window
+            # More tokens than the whole KV cache holds: the engine refuses it.
+            line_of("too-large", " ".join(f"word{i}" for i in range(3_000)), 4),
+            # A 200-word prompt: the simulator's completion runs to max_tokens, 100 steps of
+            # about 0.2 s. The first is cut off by the 8 s window while decoding, the others
+            # expire held, never dispatched.
+            *(line_of(f"slow-{i}", f"{i} {LONG_PROMPT}", 100) for i in range(4)),
+        ]
+        done = wait_ended(client, create(client, tmp_path, lines, "8s"))
+        assert done.output_file_id is not None
+        assert done.error_file_id is not None
+        output = lines_of(client, done.output_file_id)
+        errors = {line["custom_id"]: line for line in lines_of(client, done.error_file_id)}
+    codes = {custom_id: line["error"]["code"] for custom_id, line in errors.items()}
+    assert done.status == "expired", (done, codes)
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed) == (6, 1), codes
+    assert done.request_counts.failed == 5
+    assert [line["custom_id"] for line in output] == ["quick"]
+    assert codes == {
+        "too-large": "request_too_large",
+        **{f"slow-{i}": "deadline_passed" for i in range(4)},
+    }
+    for line in errors.values():
+        assert line["response"] is None
+        assert line["id"].startswith("batch_req_")
+        assert line["error"]["message"]
+    decoded = [errors[f"slow-{i}"]["sluicegate"]["decoded_tokens"] for i in range(4)]
+    assert decoded[0] > 0, decoded  # aborted mid-decode
+    assert decoded[1:] == [None, None, None]  # never reached a worker
+
+
+def create(client: OpenAI, tmp_path: Path, lines: list[dict[str, Any]], window: str) -> str:
+    path = tmp_path / f"{lines[0]['custom_id']}.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with path.open("rb") as f:
+        file_id = client.files.create(file=f, purpose="batch").id
+    batch = client.batches.create(
+        input_file_id=file_id,
+        endpoint="/v1/completions",
+        completion_window=window,  # type: ignore[arg-type]  # OpenAI's is 24h only
+    )
+    return batch.id

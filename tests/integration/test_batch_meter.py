@@ -207,3 +207,10 @@ async def released(db: AsyncEngine) -> int:
             await conn.scalar(select(func.count()).where(~jobs.c.held, jobs.c.batch_id.isnot(None)))
             or 0
         )
+
+
+async def test_a_held_job_past_its_deadline_is_never_released(db: AsyncEngine) -> None:
+    await hold(db, "a", 3, deadline=NOW - timedelta(seconds=1))
+    done = await meter(db).round(lambda backlog: 100, NOW, expire=False)
+    assert (done.released, done.expired) == (0, 0)  # left for the expiry step
+    assert (await states(db)) == Counter({("queued", True): 3})
