@@ -71,10 +71,15 @@ async def cluster_id(bootstrap: str) -> str | None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
     await admin.start()
     try:
-        found = (await admin.describe_cluster()).get("cluster_id")
-        return str(found) if found is not None else None
+        return await described_cluster_id(admin)
     finally:
         await admin.close()
+
+
+async def described_cluster_id(admin: AIOKafkaAdminClient) -> str | None:
+    """The cluster id, asked through a started admin client (one request)."""
+    found = (await admin.describe_cluster()).get("cluster_id")
+    return str(found) if found is not None else None
 
 
 async def close_client(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:

@@ -4,6 +4,13 @@ It wakes on the outbox trigger's NOTIFY (with a slow fallback poll), publishes u
 rows in id order, waits for the broker's acknowledgement of every record, and only then marks
 the rows published. A crash between the two re-publishes; workers treat a repeated dispatch
 record as a redelivery, never as a second job.
+
+Dispatch records are recorded with the log they went to: the broker cluster's id, read when
+the producer connected and read again once a round with dispatch records is acknowledged.
+A producer reconnects by itself to a broker that came back empty (the embedded one keeps
+its log in memory) with a new id; recorded against the old log, every record it then
+published would look gone to the reconciler, which would send it again pass after pass. A
+round whose id changed fails, and a new producer publishes it again.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import logging
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError
 
@@ -22,7 +30,7 @@ from producers.outbox.repository import Acked, OutboxRow, OutboxStore
 from schemas import constants
 from sluicegate.aio import wait_first
 from sluicegate.db import libpq_url
-from sluicegate.kafka import close_client, cluster_id, ensure_topics, make_producer
+from sluicegate.kafka import close_client, described_cluster_id, ensure_topics, make_producer
 from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -30,11 +38,17 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 5.0
 
 
+class LogReplaced(KafkaError):  # type: ignore[misc]
+    """The broker's cluster id changed since the producer connected: the log it knew is
+    gone, and where a round's records went is not known for sure."""
+
+
 class OutboxRelay:
     def __init__(self, settings: Settings, store: OutboxStore) -> None:
         self._settings = settings
         self._store = store
         self._producer: AIOKafkaProducer | None = None
+        self._admin: AIOKafkaAdminClient | None = None  # reads the cluster id
         self._wake = asyncio.Event()
         self._listener: asyncpg.Connection | None = None
         self._log: str | None = None  # the broker cluster's id: which log the records go to
@@ -71,7 +85,12 @@ class OutboxRelay:
             await ensure_topics(
                 s.require_kafka(), s.topic_partitions(), replication_factor=s.replication_factor
             )
-            self._log = await cluster_id(s.require_kafka())
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=s.require_kafka(), request_timeout_ms=10_000
+            )
+            self._admin = admin
+            await admin.start()
+            self._log = await described_cluster_id(admin)
             producer = make_producer(s.require_kafka(), idempotent=s.kafka_idempotent_producer)
             try:
                 await producer.start()
@@ -87,6 +106,10 @@ class OutboxRelay:
         producer, self._producer = self._producer, None
         if producer is not None:
             await close_client(producer)
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(KafkaError, OSError):
+                await admin.close()
 
     async def _publish(self, rows: list[OutboxRow]) -> list[Acked]:
         producer = await self._connect()
@@ -95,12 +118,23 @@ class OutboxRelay:
                 await producer.send(row.topic, row.payload, key=row.key.encode()) for row in rows
             ]
             metadata = await asyncio.gather(*futures)
+            if any(row.topic == self._settings.dispatch_topic for row in rows):
+                await self._same_log()  # their positions are recorded with the log
         for row in rows:
             RELAY_PUBLISHED.labels(topic=row.topic).inc()
         return [
             Acked(topic=m.topic, partition=m.partition, offset=m.offset, log=self._log)
             for m in metadata
         ]
+
+    async def _same_log(self) -> None:
+        """Raise LogReplaced unless the broker still has the cluster id read at connect
+        (a broker of a new id acknowledged the round, or may have)."""
+        if self._admin is None:
+            raise LogReplaced("not connected")
+        found = await described_cluster_id(self._admin)
+        if found != self._log:
+            raise LogReplaced(f"the broker's log was replaced ({self._log} -> {found})")
 
     async def _listen(self) -> None:
         if self._listener is not None and not self._listener.is_closed():

@@ -1,0 +1,65 @@
+"""The relay records each dispatch record with the log that acknowledged it: a producer that
+outlives the broker (it reconnects by itself to one that came back empty, with a new cluster
+id) must not record the new records against the lost log, or the reconciler would take them
+for gone and send them again, pass after pass."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sqlalchemy import select
+
+from producers.outbox.relay import OutboxRelay
+from producers.outbox.repository import OutboxStore
+from schemas.tables import jobs
+from sluicegate.db import make_engine
+from sluicegate.kafka import cluster_id, ensure_topics
+from sluicegate.local.embedded import EmbeddedBroker
+from sluicegate.settings import Settings
+from tests.integration.pipeline import open_pipeline
+
+
+async def relay_only(settings: Settings, stop: asyncio.Event) -> None:
+    """The relay without the reconciler, which would clear a position it takes for gone."""
+    db = make_engine(settings.require_database_url(), pool_size=2)
+    try:
+        await OutboxRelay(settings, OutboxStore(db, dispatch_topic=settings.dispatch_topic)).run(
+            stop
+        )
+    finally:
+        await db.dispose()
+
+
+async def dispatch_log(settings: Settings, job_id: str, within_s: float = 30) -> str:
+    """The log recorded with the job's dispatch record, once the relay published it."""
+    db = make_engine(settings.require_database_url(), pool_size=1)
+    try:
+        async with asyncio.timeout(within_s):
+            while True:
+                async with db.connect() as conn:
+                    found = (
+                        await conn.execute(select(jobs.c.dispatch_log).where(jobs.c.id == job_id))
+                    ).scalar()
+                if found is not None:
+                    return str(found)
+                await asyncio.sleep(0.1)
+    finally:
+        await db.dispose()
+
+
+async def test_a_producer_that_outlived_the_broker_records_the_new_log(
+    settings: Settings, broker: EmbeddedBroker
+) -> None:
+    own = settings.model_copy(update={"kafka_bootstrap_servers": broker.bootstrap})
+    await ensure_topics(broker.bootstrap, own.topic_partitions())
+    async for pipeline in open_pipeline(own):
+        pipeline.start(relay_only)
+        [first] = await pipeline.submit(1)
+        assert await dispatch_log(own, first) == await cluster_id(broker.bootstrap)
+
+        broker.kill()  # the relay is idle: its producer sees nothing of it
+        await broker.restart()
+        await ensure_topics(broker.bootstrap, own.topic_partitions())
+        new_log = await cluster_id(broker.bootstrap)
+        [second] = await pipeline.submit(1)
+        assert await dispatch_log(own, second) == new_log
