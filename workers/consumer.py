@@ -42,6 +42,17 @@ class Held:
     envelope: DispatchEnvelope
 
 
+@dataclass(frozen=True)
+class Started:
+    """A job running here: its record, and the offsets (of the log that record was read
+    from) in which it counts."""
+
+    tp: TopicPartition
+    offset: int
+    job_id: str
+    offsets: OffsetTracker[TopicPartition]
+
+
 class Worker:
     """One member of the worker consumer group.
 
@@ -50,6 +61,12 @@ class Worker:
     (no rebalance: the group sees a slow member, Kafka sees lag, the producers push back)
     until a job ends and frees room. Each partition is committed only up to the lowest
     offset whose job is not yet terminal.
+
+    A revoke normally hands the records of jobs not ended here to the partitions' next owner
+    (it reads them again from the committed offset). When the broker's log was replaced
+    (its cluster id changed: a broker that lost its data), those records are gone and
+    nobody can be handed them, so the jobs running here run to their end; the offsets of
+    the lost log are never committed to the new one.
     """
 
     def __init__(
@@ -74,8 +91,9 @@ class Worker:
         # Records taken and fitted, being judged and claimed (a revoke may drop some).
         self._batch: list[tuple[Held, Progress]] = []
         self._offsets: OffsetTracker[TopicPartition] = OffsetTracker()
-        self._tasks: dict[asyncio.Task[None], TopicPartition] = {}
-        self._jobs: dict[asyncio.Task[None], str] = {}
+        self._tasks: dict[asyncio.Task[None], Started] = {}
+        # Set once the batch being claimed now has been started (None: no claim under way).
+        self._claimed: asyncio.Event | None = None
         self._changed = asyncio.Event()
         self._commit_lock = asyncio.Lock()
         self._paused_since: float | None = None
@@ -125,7 +143,7 @@ class Worker:
             await self._dead_letter(tp, record.offset, reason, payload)
             self._skip(tp, record.offset)
             return None
-        if envelope.job_id in self._jobs.values() or any(
+        if any(s.job_id == envelope.job_id for s in self._tasks.values()) or any(
             h.envelope.job_id == envelope.job_id for h, _ in self._batch
         ):
             # A repeated dispatch record (the relay re-sends after an unacknowledged batch)
@@ -178,40 +196,56 @@ class Worker:
             if len(self._batch) < self._claim_batch and self.gate.room():
                 self.held = await self._take(timeout_ms=0)
         ids = [h.envelope.job_id for h, _ in self._batch]
-        outcomes = await self.executor.claim(ids, stop)
-        batch, self._batch = self._batch, []
-        if outcomes is None:  # stopped while the database was down: redelivered later
-            for held, _ in batch:
-                self.gate.finished(held.envelope.job_id)
-            return
+        claimed = self._claimed = asyncio.Event()
+        try:
+            outcomes = await self.executor.claim(ids, stop)
+            batch, self._batch = self._batch, []
+            unknown, dropped = self._settle(batch, outcomes)
+        finally:
+            self._claimed = None
+            claimed.set()
+        for held in unknown:
+            reason = f"unknown_job: no job {held.envelope.job_id}"
+            await self._dead_letter(held.tp, held.offset, reason, held.envelope.to_bytes())
+        self._changed.set()
+        if dropped:
+            await self.commit()
+
+    def _settle(
+        self,
+        batch: list[tuple[Held, Progress]],
+        outcomes: dict[str, Claimed | Drop | None] | None,
+    ) -> tuple[list[Held], bool]:
+        """Start the claimed jobs of ``batch`` and let go of the rest, without an await (a
+        revoke that waits for this finds every claimed job running). Returns the records
+        of unknown jobs (to dead-letter) and whether any record's offset can commit."""
+        unknown: list[Held] = []
         dropped = False
         for held, progress in batch:
-            outcome = outcomes.get(held.envelope.job_id)
+            outcome = outcomes.get(held.envelope.job_id) if outcomes is not None else None
             if isinstance(outcome, Claimed):
                 self._launch(held, outcome, progress)
                 continue
             self.gate.finished(held.envelope.job_id)
+            if outcomes is None:  # stopped while the database was down: redelivered later
+                continue
             self._offsets.finished(held.tp, held.offset)
             dropped = True
             if isinstance(outcome, Drop):
                 DROPPED.labels(reason=outcome.reason).inc()
             else:
-                reason = f"unknown_job: no job {held.envelope.job_id}"
-                await self._dead_letter(held.tp, held.offset, reason, held.envelope.to_bytes())
-        self._changed.set()
-        if dropped:
-            await self.commit()
+                unknown.append(held)
+        return unknown, dropped
 
     def _launch(self, held: Held, job: Claimed, progress: Progress) -> None:
         task = asyncio.create_task(self.executor.run(job, progress), name=f"job-{job.id}")
-        self._tasks[task] = held.tp
-        self._jobs[task] = job.id
+        self._tasks[task] = Started(held.tp, held.offset, job.id, self._offsets)
         JOBS_RUNNING.set(self.running)
-        task.add_done_callback(lambda t: self._done(t, held.offset))
+        task.add_done_callback(self._done)
 
-    def _done(self, task: asyncio.Task[None], offset: int) -> None:
-        tp = self._tasks.pop(task)
-        self.gate.finished(self._jobs.pop(task))
+    def _done(self, task: asyncio.Task[None]) -> None:
+        started = self._tasks.pop(task)
+        self.gate.finished(started.job_id)
         JOBS_RUNNING.set(self.running)
         self._changed.set()
         if task.cancelled():
@@ -219,12 +253,14 @@ class Worker:
         if (exc := task.exception()) is not None:
             log.error("job task failed; its record stays uncommitted", exc_info=exc)
             return
-        self._offsets.finished(tp, offset)
-        asyncio.get_running_loop().create_task(self.commit(), name="commit")
+        started.offsets.finished(started.tp, started.offset)
+        if started.offsets is self._offsets:  # not a job of a lost log
+            asyncio.get_running_loop().create_task(self.commit(), name="commit")
 
     async def commit(self) -> None:
         async with self._commit_lock:
-            due = self._offsets.due()
+            offsets = self._offsets
+            due = offsets.due()
             if not due:
                 return
             try:
@@ -232,34 +268,59 @@ class Worker:
             except KafkaError as exc:
                 log.warning("commit failed, will retry with the next one: %r", exc)
                 return
-            self._offsets.committed(due)
+            offsets.committed(due)
 
-    async def finish_partitions(self, partitions: set[TopicPartition]) -> None:
-        """Let the jobs of revoked partitions end (bounded), commit, then let go of them.
+    async def finish_partitions(
+        self, partitions: set[TopicPartition], deadline: float | None = None
+    ) -> None:
+        """Let the jobs of revoked partitions end (bounded: by ``deadline``, else the drain
+        timeout from now), commit, then let go of them.
 
+        A claim under way is waited for first: its claimed jobs run, and end like the others.
         A held record of those partitions is dropped: it was never started, and the new
-        owner reads it from the committed offset.
+        owner reads it from the committed offset. When the broker's log was replaced, the
+        jobs running here are not stopped: their records are gone, no owner can be handed
+        them, and they run to their end here.
         """
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + self._drain_timeout_s
+        await self._claim_settled(deadline)
         if self.held is not None and self.held.tp in partitions:
             self.held = None
-        # Records being claimed right now: the new owner's claim takes over (a new attempt).
+        # Records not claimed yet (or a claim past the deadline): the new owner's claim
+        # takes over (a new attempt).
         revoked = [held for held, _ in self._batch if held.tp in partitions]
         self._batch = [entry for entry in self._batch if entry[0].tp not in partitions]
         for held in revoked:
             self.gate.finished(held.envelope.job_id)
-        tasks = [t for t, tp in self._tasks.items() if tp in partitions]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self._drain_timeout_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        if await self._same_log() is False:
+            return
+        await _end(
+            [
+                t
+                for t, s in self._tasks.items()
+                if s.tp in partitions and s.offsets is self._offsets
+            ],
+            deadline,
+        )
         if await self._same_log():
             await self.commit()
         for tp in partitions:
             self._offsets.forget(tp)
 
-    async def _same_log(self) -> bool:
-        """False when the broker's cluster id changed: the log our offsets index is gone.
+    async def _claim_settled(self, deadline: float) -> None:
+        """Wait (until ``deadline``) for the claim under way, if any, to start its jobs."""
+        claimed = self._claimed
+        if claimed is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await claimed.wait()
+
+    async def _same_log(self) -> bool | None:
+        """Whether the broker still serves the log our offsets index: False once its
+        cluster id changed (those offsets are dropped, never committed), None when the id
+        cannot be read now.
 
         Apache Kafka keeps its id for life; the embedded in-memory broker gets a new one on
         every start, and committing positions from the lost log would skip new records.
@@ -268,11 +329,15 @@ class Worker:
             current = await cluster_id(self._bootstrap)
         except (KafkaError, OSError) as exc:
             log.warning("cannot read the cluster id, not committing now: %r", exc)
-            return False
+            return None
         if current == self._cluster:
             return True
         log.error(
-            "the broker's log was replaced (%s -> %s); dropping offsets", self._cluster, current
+            "the broker's log was replaced (%s -> %s); dropping offsets, %d jobs running here "
+            "run to their end",
+            self._cluster,
+            current,
+            self.running,
         )
         self._cluster = current
         self._offsets = OffsetTracker()
@@ -299,8 +364,23 @@ class Worker:
             self._paused_since = None
 
     async def _drain(self) -> None:
+        """At stop: every job running here ends, or is aborted, within the drain timeout."""
+        deadline = asyncio.get_running_loop().time() + self._drain_timeout_s
         with contextlib.suppress(KafkaError):
-            await self.finish_partitions(set(self._tasks.values()))
+            await self.finish_partitions({s.tp for s in self._tasks.values()}, deadline)
+        await _end(list(self._tasks), deadline)  # those of a lost log, left running by a revoke
+
+
+async def _end(tasks: list[asyncio.Task[None]], deadline: float) -> None:
+    """Wait for ``tasks`` until ``deadline``, then cancel the rest (their jobs are left
+    for redelivery)."""
+    if not tasks:
+        return
+    timeout = max(deadline - asyncio.get_running_loop().time(), 0.0)
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
