@@ -22,6 +22,9 @@ METERED = Counter(
     "Held batch jobs the meter released into the dispatch topic, or expired unreleased",
     ["outcome"],
 )
+PRUNED = Counter(
+    constants.M_PRUNED, "Rows deleted once past their retention window, by table", ["table"]
+)
 
 ADMISSIONS = Counter(
     constants.M_ADMISSIONS, "Admission decisions by outcome and reason", ["outcome", "reason"]

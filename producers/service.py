@@ -16,6 +16,8 @@ from producers.outbox.log import LogReader
 from producers.outbox.reconciler import Reconciler
 from producers.outbox.relay import OutboxRelay
 from producers.outbox.repository import OutboxStore
+from producers.retention.pruner import Pruner
+from producers.retention.repository import RetentionStore
 from sluicegate.db import make_engine
 from sluicegate.settings import Settings
 
@@ -72,8 +74,10 @@ async def run_relay(settings: Settings, stop: asyncio.Event) -> None:
     try:
         store = OutboxStore(db, dispatch_topic=settings.dispatch_topic)
         reconciler = Reconciler(settings, store, LogReader(settings))
+        pruner = Pruner(settings, RetentionStore(db))
         async with asyncio.TaskGroup() as group:
             group.create_task(OutboxRelay(settings, store).run(stop))
             group.create_task(reconciler.run(stop))
+            group.create_task(pruner.run(stop))
     finally:
         await db.dispose()

@@ -231,6 +231,12 @@ webhook_deliveries = Table(
         "next_attempt_at",
         postgresql_where=text("state = 'pending'"),
     ),
+    # Retention deletes the ended ones, oldest first (producers/retention/).
+    Index(
+        "ix_webhook_deliveries_ended",
+        "finished_at",
+        postgresql_where=text("state IN ('delivered', 'dead')"),
+    ),
 )
 
 webhook_attempts = Table(

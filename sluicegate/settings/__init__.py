@@ -9,6 +9,7 @@ from sluicegate.settings.base import SettingsGroup
 from sluicegate.settings.engines import LlamacppSettings, SimSettings, VllmSettings
 from sluicegate.settings.kafka import KafkaSettings
 from sluicegate.settings.relay import RelaySettings
+from sluicegate.settings.retention import RetentionSettings
 from sluicegate.settings.services import CommonSettings, LocalStackSettings, default_data_dir
 from sluicegate.settings.webhooks import WebhookSettings
 from sluicegate.settings.worker import WorkerSettings
@@ -33,6 +34,7 @@ class Settings(
     ApiSettings,
     AdmissionSettings,
     RelaySettings,
+    RetentionSettings,
     WorkerSettings,
     SimSettings,
     VllmSettings,

@@ -1,0 +1,1 @@
+"""Retention: what has ended is deleted once past its window."""
