@@ -133,10 +133,13 @@ outbox = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("published_at", DateTime(timezone=True), nullable=True),
     Index("ix_outbox_unpublished", "id", postgresql_where=text("published_at IS NULL")),
+    # A relay defers a row while an earlier row of its key is unpublished elsewhere.
+    Index("ix_outbox_unpublished_key", "key", postgresql_where=text("published_at IS NULL")),
 )
 
-# The end of each dispatch partition as the relay's acknowledged sends record it. The relay
-# is the only writer to the dispatch topic, so these are exact, whatever ListOffsets reports.
+# The end of each dispatch partition as the relays' acknowledged sends record it. The relays
+# are the only writers to the dispatch topic, so these are exact, whatever ListOffsets
+# reports (each relay raises an end to its highest acknowledged offset + 1).
 partition_ends = Table(
     "partition_ends",
     metadata,

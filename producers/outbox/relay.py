@@ -1,4 +1,5 @@
-"""The outbox relay: the only writer to the dispatch topic.
+"""The outbox relay: the only writer to the dispatch topic. Several may run at once: each
+publishes the rows it locked, and each key's rows in their order (``OutboxStore``).
 
 It wakes on the outbox trigger's NOTIFY (with a slow fallback poll), publishes unpublished
 rows in id order, waits for the broker's acknowledgement of every record, and only then marks
@@ -36,6 +37,7 @@ from sluicegate.settings import Settings
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 5.0
+DEFERRED_RETRY_S = 0.02
 
 
 class LogReplaced(KafkaError):  # type: ignore[misc]
@@ -61,7 +63,7 @@ class OutboxRelay:
                 self._wake.clear()
                 try:
                     await self._connect()
-                    published = await self._store.publish_batch(
+                    done = await self._store.publish_batch(
                         self._settings.relay_batch_size, self._publish
                     )
                 except (KafkaError, TimeoutError, OSError, DBAPIError) as exc:
@@ -71,7 +73,9 @@ class OutboxRelay:
                     backoff = min(backoff * 2, MAX_BACKOFF_S)
                     continue
                 backoff = 0.1
-                if published < self._settings.relay_batch_size:
+                if done.deferred:  # another relay is publishing their keys' earlier rows
+                    await wait_first(stop, limit_s=DEFERRED_RETRY_S)
+                elif done.published < self._settings.relay_batch_size:
                     await wait_first(stop, self._wake, limit_s=self._settings.relay_idle_poll_s)
         finally:
             await self._disconnect()

@@ -11,7 +11,9 @@ from typing import Any
 
 from sqlalchemy import (
     Integer,
+    all_,
     and_,
+    any_,
     bindparam,
     case,
     column,
@@ -27,7 +29,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.types import BigInteger
+from sqlalchemy.types import BigInteger, Text
 
 from producers.outbox.rule import LogView, Lost, Position
 from schemas.envelopes import DispatchEnvelope
@@ -55,6 +57,16 @@ class Acked:
 
 
 Publish = Callable[[list[OutboxRow]], Awaitable[list[Acked]]]
+
+
+@dataclass(frozen=True)
+class Round:
+    """One publishing round: rows published, and rows locked but left for a later round
+    (an earlier row of their key was still unpublished elsewhere)."""
+
+    published: int = 0
+    deferred: int = 0
+
 
 UNSTARTED_OR_RUNNING = [JobState.DISPATCHED.value, JobState.RUNNING.value]
 
@@ -110,8 +122,14 @@ class OutboxStore:
         self._engine = engine
         self._dispatch_topic = dispatch_topic
 
-    async def publish_batch(self, limit: int, publish: Publish) -> int:
-        """Lock up to ``limit`` unpublished rows, publish them, mark them; all or nothing."""
+    async def publish_batch(self, limit: int, publish: Publish) -> Round:
+        """Lock up to ``limit`` unpublished rows, publish them, mark them; all or nothing.
+
+        Several relays may run this at once: each locks rows the others have not
+        (``SKIP LOCKED``), and a row whose key has an earlier row still unpublished outside
+        this batch (held by another relay, or not yet committed as published) is deferred
+        to a later round, so that each key's records reach their partition in row order.
+        """
         async with self._engine.begin() as conn:
             found = (
                 await conn.execute(
@@ -123,8 +141,11 @@ class OutboxStore:
                 )
             ).all()
             if not found:
-                return 0
-            rows = [OutboxRow(id=r.id, topic=r.topic, key=r.key, payload=r.payload) for r in found]
+                return Round()
+            taken = [OutboxRow(id=r.id, topic=r.topic, key=r.key, payload=r.payload) for r in found]
+            rows = await self._in_key_order(conn, taken)
+            if not rows:
+                return Round(deferred=len(taken))
             acked = await publish(rows)
             now = datetime.now(UTC)
             await self._record_ends(conn, acked, now)
@@ -132,7 +153,26 @@ class OutboxStore:
                 update(outbox).where(outbox.c.id.in_([r.id for r in rows])).values(published_at=now)
             )
             await self._record_positions(conn, rows, acked, now)
-        return len(rows)
+        return Round(published=len(rows), deferred=len(taken) - len(rows))
+
+    async def _in_key_order(self, conn: AsyncConnection, rows: list[OutboxRow]) -> list[OutboxRow]:
+        """``rows`` less those that an earlier unpublished row of their topic and key, not
+        among ``rows``, must precede."""
+        first_other = (
+            select(outbox.c.topic, outbox.c.key, func.min(outbox.c.id).label("first"))
+            .where(
+                outbox.c.published_at.is_(None),
+                outbox.c.key == any_(bindparam("keys", type_=ARRAY(Text()))),
+                outbox.c.id != all_(bindparam("ids", type_=ARRAY(BigInteger()))),
+            )
+            .group_by(outbox.c.topic, outbox.c.key)
+        )
+        result = await conn.execute(
+            first_other,
+            {"keys": sorted({r.key for r in rows}), "ids": [r.id for r in rows]},
+        )
+        before = {(r.topic, r.key): r.first for r in result}
+        return [r for r in rows if r.id < before.get((r.topic, r.key), r.id + 1)]
 
     async def _record_positions(
         self, conn: AsyncConnection, rows: list[OutboxRow], acked: list[Acked], now: datetime
@@ -190,10 +230,11 @@ class OutboxStore:
                 logs[key] = a.log
         if not ends:
             return
+        # In partition order: relays recording ends at once lock these rows in one order.
         statement = pg_insert(partition_ends).values(
             [
                 {"topic": t, "partition": p, "end_offset": e, "log": logs[t, p], "updated_at": now}
-                for (t, p), e in ends.items()
+                for (t, p), e in sorted(ends.items())
             ]
         )
         same_log = partition_ends.c.log.is_not_distinct_from(statement.excluded.log)
