@@ -39,6 +39,10 @@ CONSUMER_LAG = Gauge(
     "Worker group consumer lag on the dispatch topic: end - committed offset (records)",
 )
 LAG_KNOWN = Gauge(constants.M_LAG_KNOWN, "1 while the lag reading is fresh")
+LAG_READER = Gauge(
+    constants.M_LAG_READER,
+    "1 while this API replica reads the lag from the broker for the others (lag_reader=shared)",
+)
 DRAIN_RATE = Gauge(constants.M_DRAIN_RATE, "Drain rate μ (records/s, smoothed)")
 ARRIVAL_RATE = Gauge(constants.M_ARRIVAL_RATE, "Arrival rate λ (records/s, smoothed)")
 IN_FLIGHT = Gauge(constants.M_IN_FLIGHT, "Jobs not yet terminal (measured L)")

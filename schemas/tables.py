@@ -150,6 +150,22 @@ partition_ends = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
+# The worker group's latest lag reading, taken by one API replica (the one holding the
+# reader's advisory lock) and read by the others (producers/lag/shared.py). Partition maps
+# are JSON objects keyed by partition number.
+lag_readings = Table(
+    "lag_readings",
+    metadata,
+    Column("topic", Text, primary_key=True),
+    Column("consumer_group", Text, primary_key=True),
+    Column("reader", Text, nullable=False),  # host:pid of the replica that took it
+    Column("taken_at", DateTime(timezone=True), nullable=False),  # when the reading began
+    Column("ends", JSONB, nullable=False),
+    Column("committed", JSONB, nullable=False),
+    Column("open", JSONB, nullable=True),
+    Column("unpublished", BigInteger, nullable=False),
+)
+
 # API keys: a key is shown once when it is made; only its SHA-256 is stored.
 api_keys = Table(
     "api_keys",

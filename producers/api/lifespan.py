@@ -25,6 +25,7 @@ from producers.jobs.group_commit import GroupCommit
 from producers.jobs.repository import JobRepository
 from producers.lag.kafka import KafkaLagSource
 from producers.lag.monitor import LagMonitor, LagSource
+from producers.lag.shared import SharedLagSource
 from producers.tenancy.repository import KeyStore
 from schemas import constants
 from sluicegate.db import make_engine
@@ -153,7 +154,16 @@ async def _engines(
 async def _lag_source(
     settings: Settings, db: AsyncEngine, given: LagSource | None
 ) -> AsyncIterator[LagSource]:
-    source = given or KafkaLagSource(
+    source = given or _own_source(settings, db)
+    try:
+        yield source
+    finally:
+        if isinstance(source, KafkaLagSource | SharedLagSource):
+            await source.close()
+
+
+def _own_source(settings: Settings, db: AsyncEngine) -> KafkaLagSource | SharedLagSource:
+    local = KafkaLagSource(
         db=db,
         bootstrap=settings.require_kafka(),
         topic=settings.dispatch_topic,
@@ -161,11 +171,14 @@ async def _lag_source(
         partitions=settings.partitions,
         count_open=settings.lag_measure == "open",
     )
-    try:
-        yield source
-    finally:
-        if isinstance(source, KafkaLagSource):
-            await source.close()
+    if settings.lag_reader == "own":
+        return local
+    return SharedLagSource(
+        local,
+        url=settings.require_database_url(),
+        topic=settings.dispatch_topic,
+        group=settings.consumer_group,
+    )
 
 
 @asynccontextmanager

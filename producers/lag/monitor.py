@@ -3,8 +3,8 @@ it drains.
 
 Every ``interval_s`` it takes a reading through its source (``KafkaLagSource``: committed
 offsets from the broker, the rest from PostgreSQL) and applies the lag rule
-(``producers.lag.rule``) to it. Ends come from the relay's acknowledged sends (exact: it is the
-only writer); committed offsets from the broker. A worker runs many jobs of a partition at
+(``producers.lag.rule``) to it. Ends come from the relays' acknowledged sends (exact: they
+are the only writers); committed offsets from the broker. A worker runs many jobs of a partition at
 once and commits only up to its oldest unfinished one (invariant 5), so the consumer lag also
 counts records whose jobs have already ended. With ``lag_measure = "open"`` (the default) the
 lag is instead the records past the committed offset whose job has not ended: PostgreSQL
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -37,7 +38,9 @@ Clock = Callable[[], float]
 
 
 class LagSource(Protocol):
-    async def read(self) -> Reading: ...
+    async def read(self) -> Reading | None:
+        """A new reading, or None when there is none since the last (the last one ages)."""
+        ...
 
 
 def cause_of(exc: BaseException) -> str:
@@ -64,10 +67,11 @@ class LagMonitor:
         self._state = LagState()
         self._updated = asyncio.Event()
         self._cause: str | None = None
-        # Called as a reading starts; its value is kept as ``mark`` once the reading lands,
-        # so that a caller can count what it did after the reading began.
+        # Called as a reading starts; once a reading lands, ``mark`` is the value it had
+        # when that reading began, so that a caller can count what it did since.
         self.marker: Callable[[], int] = lambda: 0
         self.mark = 0
+        self._marks: deque[tuple[float, int]] = deque(maxlen=256)  # (clock, marker())
 
     def update(
         self,
@@ -75,10 +79,15 @@ class LagMonitor:
         committed: Mapping[int, int],
         unpublished: int = 0,
         open: Mapping[int, int] | None = None,
-    ) -> None:
-        """Take a new reading (the loop calls this; tests call it directly)."""
+        age_s: float = 0.0,
+    ) -> bool:
+        """Take a new reading, begun ``age_s`` ago (the loop calls this; tests call it
+        directly). False, and nothing changes, for a reading no newer than the last."""
         reading = Reading(ends, committed, unpublished, open)
-        self._state = rule.advance(self._state, reading, now=self._clock(), smoothing=self._alpha)
+        read_at = self._clock() - age_s
+        if self._state.read_at is not None and read_at <= self._state.read_at:
+            return False
+        self._state = rule.advance(self._state, reading, now=read_at, smoothing=self._alpha)
         self._cause = None
         snapshot = self.snapshot()
         CONSUMER_LAG.set(self._state.consumer_lag)
@@ -88,6 +97,7 @@ class LagMonitor:
         ARRIVAL_RATE.set(snapshot.arrival_rate or 0.0)
         self._updated.set()
         self._updated = asyncio.Event()
+        return True
 
     def snapshot(self) -> LagSnapshot:
         return rule.snapshot(
@@ -99,8 +109,9 @@ class LagMonitor:
         await wait_first(self._updated, limit_s=limit_s)
 
     async def refresh(self) -> bool:
-        """One reading; False (and the old reading ages) when the lag cannot be read."""
-        mark = self.marker()
+        """One reading; False (and the old reading ages) when the lag cannot be read or
+        there is no new one."""
+        self._marks.append((self._clock(), self.marker()))
         try:
             async with asyncio.timeout(self._stale_after_s):
                 reading = await self._source.read()
@@ -109,9 +120,21 @@ class LagMonitor:
             self._cause = cause_of(exc)
             LAG_KNOWN.set(1 if self.snapshot().known else 0)
             return False
-        self.update(reading.ends, reading.committed, reading.unpublished, reading.open)
-        self.mark = mark
+        if reading is None:
+            LAG_KNOWN.set(1 if self.snapshot().known else 0)
+            return False
+        r = reading
+        if not self.update(r.ends, r.committed, r.unpublished, r.open, age_s=r.age_s):
+            return False
+        self.mark = self._mark_at(self._clock() - r.age_s)
         return True
+
+    def _mark_at(self, began: float) -> int:
+        """The marker's value as a reading begun at ``began`` saw it: from the last refresh
+        that started by then (the oldest kept if none did: it counts more as unseen)."""
+        while len(self._marks) > 1 and self._marks[1][0] <= began:
+            self._marks.popleft()
+        return self._marks[0][1]
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -51,6 +51,9 @@ class Reading:
     # Per partition, the records past the committed offset whose job has not ended; None:
     # not read, the lag is the consumer lag.
     open: Mapping[int, int] | None = None
+    # How long ago the reading began, as its source hands it over: 0 for one just taken,
+    # more for one another API replica took (producers/lag/shared.py).
+    age_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

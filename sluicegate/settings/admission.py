@@ -24,6 +24,13 @@ class AdmissionSettings(SettingsGroup):
         description="A lag reading older than this is unknown, and unknown counts as full "
         "(503 `lag_unknown`).",
     )
+    lag_reader: Literal["shared", "own"] = Field(
+        default="shared",
+        description="`shared`: one API replica reads the lag from the broker (the one holding "
+        "a PostgreSQL advisory lock) and stores each reading in `lag_readings`, which the other "
+        "replicas read instead; a reader that dies is replaced within an interval. `own`: every "
+        "replica reads the broker itself.",
+    )
     lag_measure: Literal["open", "consumer"] = Field(
         default="open",
         description="What the thresholds compare: `open`, the records past the worker "

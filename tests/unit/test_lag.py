@@ -1,4 +1,5 @@
 from producers.lag.monitor import LagMonitor
+from producers.lag.rule import Reading
 from tests.unit.test_admission import FakeClock, NoSource
 
 
@@ -92,3 +93,57 @@ def test_a_backlog_that_does_not_move_is_stalled() -> None:
     clock.t = 15.0
     monitor.update({0: 50}, {0: 50})  # empty: nothing to be stalled on
     assert monitor.snapshot().stalled_s == 0.0
+
+
+class Handed:
+    """A source that hands over the readings it is given (another replica's), then None."""
+
+    def __init__(self) -> None:
+        self.next: Reading | None = None
+
+    async def read(self) -> Reading | None:
+        found, self.next = self.next, None
+        return found
+
+
+async def test_a_reading_taken_elsewhere_keeps_its_age() -> None:
+    clock, source = FakeClock(), Handed()
+    m = LagMonitor(source, interval_s=0.5, stale_after_s=2, clock=clock, smoothing=0.5)
+    clock.t = 10
+    source.next = Reading({0: 10}, {0: 4}, age_s=1.5)
+    assert await m.refresh()
+    assert m.snapshot().age_s == 1.5
+    clock.t = 10.6  # past the bound, counted from when the reading began
+    assert not m.snapshot().known
+
+
+async def test_no_new_reading_changes_nothing() -> None:
+    clock, source = FakeClock(), Handed()
+    m = LagMonitor(source, interval_s=0.5, stale_after_s=2, clock=clock, smoothing=0.5)
+    source.next = Reading({0: 100}, {0: 0})
+    assert await m.refresh()
+    clock.t = 1
+    source.next = Reading({0: 120}, {0: 10})
+    assert await m.refresh()
+    assert m.snapshot().drain_rate == 10
+    clock.t = 2
+    assert not await m.refresh()  # nothing new: no sample of zero drained
+    assert m.snapshot().drain_rate == 10
+    assert m.snapshot().age_s == 1
+    clock.t = 3
+    source.next = Reading({0: 120}, {0: 10}, age_s=2.5)  # older than the one it has
+    assert not await m.refresh()
+    assert m.snapshot().age_s == 2
+
+
+async def test_admissions_since_a_shared_reading_began_are_unseen_by_it() -> None:
+    clock, source = FakeClock(), Handed()
+    m = LagMonitor(source, interval_s=0.5, stale_after_s=5, clock=clock, smoothing=0.5)
+    settled = 0
+    m.marker = lambda: settled
+    for t, count in ((0.0, 0), (0.5, 3), (1.0, 7), (1.5, 12)):
+        clock.t, settled = t, count
+        source.next = Reading({0: 1}, {0: 0}, age_s=0.7) if t == 1.5 else None
+        await m.refresh()
+    # Begun at 0.8: it saw the 3 settled by the refresh at 0.5, not the 4 settled by 1.0.
+    assert m.mark == 3

@@ -1,0 +1,108 @@
+"""The shared lag reading's SQL (``producers/lag/shared.py``): the reader's advisory lock, and
+the ``lag_readings`` row of one dispatch topic and worker group, on one connection of its own
+(the lock is the session's: it goes when the connection does)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Interval, Select, func, literal, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from producers.lag.rule import Reading
+from schemas.tables import lag_readings
+from sluicegate.db import make_engine
+
+# pg_try_advisory_lock's first key: "sluicegate lag reader"; the second is the topic's
+# and group's hash.
+LOCK_CLASS = 0x5167_1A60
+KEYS = ["topic", "consumer_group"]
+
+
+def _keyed(partitions: Mapping[int, int] | None) -> dict[str, int] | None:
+    return None if partitions is None else {str(p): int(n) for p, n in partitions.items()}
+
+
+def _partitions(found: Mapping[str, Any] | None) -> dict[int, int] | None:
+    return None if found is None else {int(p): int(n) for p, n in found.items()}
+
+
+class ReadingStore:
+    def __init__(self, url: str, *, topic: str, group: str) -> None:
+        self._db = make_engine(url, pool_size=1, autocommit=True)
+        self._topic = topic
+        self._group = group
+        self._conn: AsyncConnection | None = None
+
+    async def try_lock(self) -> bool:
+        """Take the reader's lock if no other session holds it."""
+        return bool(await (await self._connection()).scalar(self._lock("pg_try_advisory_lock")))
+
+    async def unlock(self) -> None:
+        await (await self._connection()).execute(self._lock("pg_advisory_unlock"))
+
+    async def write(self, reading: Reading, *, taken_s: float, reader: str) -> None:
+        """Store ``reading``, begun ``taken_s`` ago by the database's clock."""
+        row = {
+            "topic": self._topic,
+            "consumer_group": self._group,
+            "reader": reader,
+            "taken_at": func.now() - literal(timedelta(seconds=taken_s), Interval()),
+            "ends": _keyed(reading.ends),
+            "committed": _keyed(reading.committed),
+            "open": _keyed(reading.open),
+            "unpublished": reading.unpublished,
+        }
+        statement = pg_insert(lag_readings).values(row)
+        update = {k: statement.excluded[k] for k in row if k not in KEYS}
+        await (await self._connection()).execute(
+            statement.on_conflict_do_update(index_elements=KEYS, set_=update)
+        )
+
+    async def latest(self) -> tuple[datetime, Reading] | None:
+        """The stored reading and when it began; its ``age_s`` by the database's clock."""
+        age = func.extract("epoch", func.now() - lag_readings.c.taken_at)
+        found = (
+            await (await self._connection()).execute(
+                select(lag_readings, age.label("age")).where(
+                    lag_readings.c.topic == self._topic,
+                    lag_readings.c.consumer_group == self._group,
+                )
+            )
+        ).first()
+        if found is None:
+            return None
+        reading = Reading(
+            _partitions(found.ends) or {},
+            _partitions(found.committed) or {},
+            int(found.unpublished),
+            _partitions(found.open),
+            age_s=max(float(found.age), 0.0),
+        )
+        return found.taken_at, reading
+
+    def _lock(self, function: str) -> Select[Any]:
+        key = func.hashtext(f"{self._topic} {self._group}")  # no space in a topic name
+        return select(getattr(func, function)(LOCK_CLASS, key))
+
+    async def _connection(self) -> AsyncConnection:
+        if self._conn is None or self._conn.closed:
+            self._conn = await self._db.connect()
+        return self._conn
+
+    async def drop(self) -> None:
+        """Close the session (and so let its lock go); never back to the pool with it."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(DBAPIError, OSError):
+                await conn.invalidate()
+            await conn.close()
+
+    async def close(self) -> None:
+        await self.drop()
+        await self._db.dispose()
