@@ -168,12 +168,13 @@ class Storm:
 
     async def leave(self) -> None:
         """The movable member running the most jobs leaves (waiting a while for one to
-        decode; else the oldest): killed and drained in turn, killed until a kill has
-        caught a worker decoding (so the jobs it leaves behind are surely its own)."""
+        decode; else the oldest): killed until a kill has caught a worker decoding (so the
+        jobs it leaves behind are surely its own), drained at the next leave, then killed
+        and drained in turn."""
         movable = self.movable()
         busiest = await self.busiest(movable, DECODING_WAIT_S)
         leaves = sum(m.left is not None for m in self.members)
-        if leaves % 2 == 0 or not self.kills_mid_decode:
+        if not self.kills_mid_decode or (self.drains and leaves % 2 == 0):
             self.kill(busiest or movable[0], decoding=busiest is not None)
         else:
             await self.terminate(busiest or movable[0])
@@ -199,7 +200,10 @@ class Storm:
         await freezing
 
     async def settle(self, count: int) -> None:
-        """Leave ``count`` workers to finish: start or drain the difference."""
+        """Leave ``count`` workers to finish: start or drain the difference (one more
+        started and drained if the storm's moves drained none)."""
+        if not self.drains and len(self.alive()) <= count:
+            self.join()
         while len(self.alive()) < count:
             self.join()
         while len(self.alive()) > count:
