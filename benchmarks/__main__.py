@@ -15,7 +15,8 @@ The suite runs each scenario with the shorter arguments in ``SCENARIOS`` (the mo
 own defaults are the longer runs of the README's figures), writes docs/bench/NAME.json and
 NAME.png for each and docs/bench/summary.json, and ends with a table of the headline
 figures. ``--quick`` runs every scenario with ``--quick`` and writes into a temporary
-directory, never docs/bench. The soak runs only when named (``--only soak``).
+directory, never docs/bench. The scenarios marked `in_suite=False` (the soak, files, retention,
+costs, relay_rate, fleet, scale) run only when named (``--only soak``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,26 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(name="soak", module="benchmarks.soak", argv=(), expected_s=900, in_suite=False),
     # A 50,000-line batch file uploaded and made a batch: rates and the API's memory.
     Scenario(name="files", module="benchmarks.files", argv=(), expected_s=120, in_suite=False),
+    # 15 minutes of load with windows of seconds: the database flat once past them.
+    Scenario(
+        name="retention", module="benchmarks.retention", argv=(), expected_s=1000, in_suite=False
+    ),
+    # What one accepted job costs each process, PostgreSQL and Kafka.
+    Scenario(name="costs", module="benchmarks.costs", argv=(), expected_s=360, in_suite=False),
+    # One relay publishing a full outbox: its saturated rows/s.
+    Scenario(
+        name="relay_rate", module="benchmarks.relay_rate", argv=(), expected_s=60, in_suite=False
+    ),
+    # 64 simulated workers in one group through a burst and a rebalance storm, kv and greedy.
+    Scenario(name="fleet", module="benchmarks.fleet", argv=(), expected_s=600, in_suite=False),
+    # The two above and what they say about 1,000 GPUs at 10,000 jobs/s.
+    Scenario(
+        name="scale",
+        module="benchmarks.scale",
+        argv=("--from-reports",),
+        expected_s=5,
+        in_suite=False,
+    ),
 )
 BY_NAME = {s.name: s for s in SCENARIOS}
 
