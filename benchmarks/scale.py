@@ -202,6 +202,7 @@ def show(report: dict[str, Any]) -> None:
     print("\nfleet simulation (benchmarks.fleet):")
     for policy, figures in report["fleet"].items():
         print(f"  {policy}: {figures}")
+    print(f"  plots: {OUT_DIR / 'fleet.png'}, {OUT_DIR / 'costs.png'}")
 
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:
