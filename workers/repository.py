@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import cast, func, insert, literal, select, text, update
+from sqlalchemy import Select, cast, func, insert, literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -67,6 +67,22 @@ _CLAIM_COLUMNS = (
     jobs.c.error,
     jobs.c.params,
 )
+
+
+def _lapsed(ids: list[str]) -> Select[tuple[Any]]:
+    """Of ``ids``, the running jobs whose heartbeat lease lapsed, locked, skipping any
+    another transaction holds (a terminal write, a cancel): the sweep never waits for a
+    row, so it can never be half of a deadlock; a skipped job is looked at next sweep."""
+    return (
+        select(jobs.c.id)
+        .where(
+            jobs.c.id.in_(ids),
+            jobs.c.state == JobState.RUNNING.value,
+            jobs.c.abandon_after_s.is_not(None),
+            jobs.c.last_seen_at < func.now() - jobs.c.abandon_after_s * text("interval '1 second'"),
+        )
+        .with_for_update(skip_locked=True)
+    )
 
 
 def _reason(error: Mapping[Any, Any] | None, state: str) -> str:
@@ -217,13 +233,7 @@ class WorkerRepository:
                 (
                     await conn.execute(
                         update(jobs)
-                        .where(
-                            jobs.c.id.in_(ids),
-                            jobs.c.state == JobState.RUNNING.value,
-                            jobs.c.abandon_after_s.is_not(None),
-                            jobs.c.last_seen_at
-                            < func.now() - jobs.c.abandon_after_s * text("interval '1 second'"),
-                        )
+                        .where(jobs.c.id.in_(_lapsed(ids).scalar_subquery()))
                         .values(
                             state=JobState.ABANDONED.value,
                             error=error,

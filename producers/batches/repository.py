@@ -10,17 +10,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import and_, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from producers.jobs.repository import cancelling, event_row
+from producers.jobs.repository import cancellable, cancelling, event_row
 from producers.jobs.submit_repository import new_job_id
 from schemas.batches import BatchTerminal, BatchView, batch_status, batch_view
 from schemas.errors import BatchNotFound, IdempotencyConflict
 from schemas.jobs import Job, JobKind, Priority, job_from_row
 from schemas.states import TERMINAL_STATES
 from schemas.tables import batches, jobs, outbox
+from sluicegate.lock_store import locking_in_order
 
 _TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
 
@@ -213,9 +214,9 @@ class BatchStore:
                     .where(batches.c.id == batch_id)
                     .values(status="cancelling", cancelled_at=now)
                 )
-            cancelled = (
-                (await conn.execute(cancelling(jobs.c.batch_id == batch_id, now))).mappings().all()
-            )
+            of_batch = jobs.c.batch_id == batch_id
+            await conn.execute(locking_in_order(jobs, and_(of_batch, cancellable())))
+            cancelled = (await conn.execute(cancelling(of_batch, now))).mappings().all()
             if cancelled:
                 events = [
                     event_row(self._events_topic, job_from_row(r), now, "cancelled")

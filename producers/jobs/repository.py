@@ -235,11 +235,17 @@ class JobRepository(SubmitRepository):
         )
 
 
+def cancellable() -> ColumnElement[bool]:
+    """A job that a cancel may still end."""
+    return jobs.c.state.in_([s.value for s in CANCELLABLE_STATES])
+
+
 def cancelling(which: ColumnElement[bool], now: datetime) -> Update:
-    """Cancel the jobs ``which`` picks that have not ended yet, returning their rows."""
+    """Cancel the jobs ``which`` picks that have not ended yet, returning their rows. Of
+    several jobs, lock them first (``sluicegate.lock_store``)."""
     return (
         update(jobs)
-        .where(which, jobs.c.state.in_([s.value for s in CANCELLABLE_STATES]))
+        .where(which, cancellable())
         .values(
             state=JobState.CANCELLED.value,
             finished_at=now,

@@ -36,6 +36,7 @@ from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import estimate_tokens
 from schemas.states import JobState
 from schemas.tables import jobs, outbox, partition_ends
+from sluicegate.lock_store import locking_in_order
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +94,7 @@ async def redispatch(conn: AsyncConnection, topic: str, which: ColumnElement[boo
     record is published). Workers treat a second record for a job as a redelivery. A
     queued job is not picked: its first record is still waiting in the outbox.
     """
+    await conn.execute(locking_in_order(jobs, and_(which, jobs.c.state.in_(UNSTARTED_OR_RUNNING))))
     rows = (
         await conn.execute(
             update(jobs)
@@ -202,6 +204,7 @@ class OutboxStore:
             .render_derived(name="published")
         )
         queued = jobs.c.state == JobState.QUEUED.value
+        await conn.execute(locking_in_order(jobs, jobs.c.id.in_(list(positions))))
         await conn.execute(
             update(jobs)
             .where(jobs.c.id == published.c.id)
