@@ -25,13 +25,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import REGISTRY
-
 from benchmarks.harness import OUT_DIR, TERMINAL, Bench, percentile, pipeline, services
 from benchmarks.harness import job_rows as rows_of
 from benchmarks.plot import plot_kv_pull
 from schemas.constants import M_JOBS_STARTED
 from schemas.tables import jobs
+from sluicegate.metrics import registry
 from workers.engines.sim.engine import SimEngine
 from workers.service import run_worker
 
@@ -175,7 +174,7 @@ class Sample:
 
 def started_jobs() -> int:
     """Jobs handed to an engine in this process so far (the worker's own counter)."""
-    return int(REGISTRY.get_sample_value(M_JOBS_STARTED) or 0)
+    return int(registry("worker").get_sample_value(M_JOBS_STARTED) or 0)
 
 
 async def wait_published(bench: Bench, count: int) -> None:

@@ -9,7 +9,6 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
-from prometheus_client import start_http_server
 
 from producers.api.app import create_app
 from producers.outbox.log import LogReader
@@ -19,6 +18,7 @@ from producers.outbox.repository import OutboxStore
 from producers.retention.pruner import Pruner
 from producers.retention.repository import RetentionStore
 from sluicegate.db import make_engine
+from sluicegate.metrics import serve as serve_metrics
 from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,7 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
 
 
 async def run_relay(settings: Settings, stop: asyncio.Event) -> None:
-    if settings.metrics_port is not None:
-        start_http_server(settings.metrics_port)
+    serve_metrics("relay", settings.metrics_port)
     db = make_engine(settings.require_database_url(), pool_size=2)
     try:
         store = OutboxStore(db, dispatch_topic=settings.dispatch_topic)

@@ -156,7 +156,7 @@ class Worker:
     async def _dead_letter(
         self, tp: TopicPartition, offset: int, reason: str, payload: bytes
     ) -> None:
-        DEAD_LETTERED.labels(reason=reason.split(":", 1)[0]).inc()
+        DEAD_LETTERED.labels(source="dispatch", reason=reason.split(":", 1)[0]).inc()
         log.error("record %s@%d dead-lettered: %s", tp, offset, reason)
         await self.executor.set_aside(
             record_subject(tp.topic, tp.partition, offset), reason, payload

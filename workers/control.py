@@ -24,6 +24,7 @@ from schemas import constants, reasons
 from schemas.states import JobState
 from sluicegate.aio import wait_first
 from sluicegate.notify import JobNotice, Listener
+from sluicegate.retry import count as count_retry
 from workers.engines.base import InferenceEngine
 from workers.metrics import ABORT_SECONDS
 from workers.repository import Claimed, WorkerRepository
@@ -144,6 +145,7 @@ class Control:
         try:
             stopped = await self._repo.stopped(running)
         except (SQLAlchemyError, OSError) as exc:
+            count_retry("control_sweep", exc)
             log.warning("control sweep failed, retrying: %r", exc)
             return
         for found in stopped:

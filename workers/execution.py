@@ -6,18 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
-
 from schemas import reasons
 from schemas.states import JobState
 from sluicegate.aio import wait_first
+from sluicegate.retry import count as count_retry
 from workers.control import Control, Running
 from workers.engines.base import GenerationRequest, InferenceEngine
 from workers.gate import Drop, PreDecodeGate
@@ -35,7 +34,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_TRANSIENT = (OperationalError, InterfaceError, PoolTimeout, OSError)
 MAX_BACKOFF_S = 5.0
 
 
@@ -268,19 +266,26 @@ class Executor:
     async def _retrying(
         self, op: Callable[[], Awaitable[T]], stop: asyncio.Event | None = None
     ) -> T:
-        """Retry a database operation through outages; the record stays uncommitted."""
+        """Retry a database operation after a transient error (a deadlock, a serialization
+        failure, an outage: ``sluicegate.retry.transient_error``), each retry counted, with
+        a jittered backoff capped at ``MAX_BACKOFF_S``, until it succeeds or ``stop``; the
+        record stays uncommitted meanwhile. Any other error is raised."""
         backoff = 0.1
         while True:
             try:
                 return await op()
-            except _TRANSIENT as exc:
-                log.warning("database unavailable, retrying in %.1fs: %r", backoff, exc)
+            except Exception as exc:
+                kind = count_retry("worker", exc)
+                if kind is None:
+                    raise
+                wait = random.uniform(backoff / 2, backoff)
+                log.warning("database %s, retrying in %.2fs: %r", kind, wait, exc)
                 if stop is not None:
-                    await wait_first(stop, limit_s=backoff)
+                    await wait_first(stop, limit_s=wait)
                     if stop.is_set():
                         raise _Stopped from exc
                 else:
-                    await asyncio.sleep(backoff)
+                    await asyncio.sleep(wait)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
 

@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
-from prometheus_client import start_http_server
 
 from sluicegate.aio import wait_first
 from sluicegate.db import make_engine
 from sluicegate.kafka import close_client, make_consumer
+from sluicegate.metrics import serve as serve_metrics
 from sluicegate.settings import Settings
 from workers.consumer import Worker
 from workers.control import Control
@@ -126,8 +126,7 @@ async def run_worker(
 ) -> None:
     """Run one worker until ``stop``. ``on_worker`` is shown the worker before it starts
     (tests and benchmarks watch it)."""
-    if settings.metrics_port is not None:
-        start_http_server(settings.metrics_port)
+    serve_metrics("worker", settings.metrics_port)
     inference = engine if engine is not None else build_engine(settings)
     db = make_engine(settings.require_database_url(), pool_size=settings.worker_db_pool_size)
     await inference.start()

@@ -46,6 +46,7 @@ from schemas.batches import (
     UnsupportedMediaType,
 )
 from schemas.errors import BatchNotFound, InvalidJson, InvalidRequest
+from sluicegate.retry import retrying
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
@@ -260,4 +261,5 @@ async def batch_results(
 async def cancel_batch(batch_id: str, store: Batches, tenant: Tenant) -> BatchView:
     """Cancel every job of the batch that has not ended (running ones are aborted within
     a decode step); 409 ``batch_terminal`` once the batch has completed or expired."""
-    return await store.cancel(tenant, _batch_id(batch_id))
+    batch = _batch_id(batch_id)
+    return await retrying("batch_cancel", lambda: store.cancel(tenant, batch))

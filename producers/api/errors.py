@@ -19,6 +19,7 @@ from producers.admission.limits import BodyTooLarge, RequestTimeout
 from producers.admission.policy import Refused
 from producers.metrics import REFUSED
 from schemas.errors import SluicegateError
+from sluicegate.retry import transient_error
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,11 @@ HANDLER_CODES: dict[str, tuple[int | None, str]] = {
     "method_not_allowed": (405, "The route does not take this method."),
     "http_error": (None, "Any other HTTP error the framework raises."),
     "database_unavailable": (503, "The database is unavailable; nothing was stored."),
+    "database_busy": (
+        503,
+        "A lock conflict (deadlock, serialization failure) outlasted the retries; nothing was "
+        "stored.",
+    ),
     "internal_error": (500, "An unexpected error in the server."),
 }
 # Validation failures whose cause deserves its own code.
@@ -152,6 +158,16 @@ async def _database_down(_: Request, exc: Exception) -> JSONResponse:
 async def _dbapi(request: Request, exc: DBAPIError) -> JSONResponse:
     if isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated:
         return await _database_down(request, exc)
+    if transient_error(exc) is not None:
+        # A lock conflict (deadlock, serialization failure) its retries did not get past:
+        # the transaction rolled back.
+        log.warning("database busy: %s", exc)
+        return error_response(
+            503,
+            "database_busy",
+            "the database was busy with a conflicting change; nothing was stored",
+            headers={"Retry-After": "1"},
+        )
     if getattr(exc.orig, "sqlstate", None) in _NUL_IN_TEXT:
         return error_response(
             422, "invalid_character", "the request holds a NUL character; nothing was stored"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from producers.api import openapi
 from producers.api.deps import Jobs
+from sluicegate.metrics import exposition
 
 router = APIRouter()
 
@@ -24,4 +25,4 @@ async def healthz(repo: Jobs) -> dict[str, str]:
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics() -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    return Response(exposition("api"), media_type=CONTENT_TYPE_LATEST)

@@ -22,6 +22,7 @@ from schemas.api import JobList, JobView, SubmitJob, SubmitResponse
 from schemas.errors import JobNotFound
 from schemas.jobs import Job, NewJob, estimate_tokens
 from schemas.states import JobState
+from sluicegate.retry import retrying
 
 # Pages of GET /v1/jobs.
 DEFAULT_PAGE = 100
@@ -241,5 +242,6 @@ async def heartbeat(job_id: str, repo: Jobs, tenant: Tenant) -> JobView:
     "a decode step. 409 job_terminal if the job already ended.",
 )
 async def cancel_job(job_id: str, repo: Jobs, tenant: Tenant) -> JobView:
-    job = await repo.cancel(tenant, _job_id(job_id))
+    job_key = _job_id(job_id)
+    job = await retrying("job_cancel", lambda: repo.cancel(tenant, job_key))
     return JobView.of(job, _status_url(job.id))

@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError
 from producers.batches.meter_repository import Backlog, MeterStore, Round
 from producers.metrics import METERED
 from sluicegate.aio import wait_first
+from sluicegate.retry import count as count_retry
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class Meter:
             try:
                 await self.step()
             except (DBAPIError, OSError) as exc:
+                count_retry("meter_round", exc)
                 log.warning("meter: round failed, retrying: %r", exc)
             await wait_first(stop, limit_s=MIN_GAP_S)
             await wait_first(stop, self._wake, limit_s=self._interval_s)

@@ -28,6 +28,7 @@ from producers.metrics import RECONCILED
 from producers.outbox import rule
 from producers.outbox.rule import LogView, Lost, Position
 from sluicegate.aio import wait_first
+from sluicegate.retry import count as count_retry
 from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Reconciler:
                 try:
                     await self.once()
                 except (KafkaError, OSError, TimeoutError, DBAPIError) as exc:
+                    count_retry("reconcile", exc)
                     log.warning("reconciler: cannot reconcile now: %r", exc)
                 await wait_first(stop, limit_s=self._settings.reconcile_interval_s)
         finally:

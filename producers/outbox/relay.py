@@ -32,6 +32,7 @@ from schemas import constants
 from sluicegate.aio import wait_first
 from sluicegate.db import libpq_url
 from sluicegate.kafka import close_client, described_cluster_id, ensure_topics, make_producer
+from sluicegate.retry import count as count_retry
 from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class OutboxRelay:
                         self._settings.relay_batch_size, self._publish
                     )
                 except (KafkaError, TimeoutError, OSError, DBAPIError) as exc:
+                    count_retry("relay_round", exc)
                     log.warning("relay: publish failed, retrying in %.1fs: %r", backoff, exc)
                     await self._disconnect()
                     await wait_first(stop, limit_s=backoff)

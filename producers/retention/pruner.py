@@ -22,6 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from producers.metrics import PRUNED
 from producers.retention.repository import RetentionStore
 from sluicegate.aio import wait_first
+from sluicegate.retry import count as count_retry
 from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class Pruner:
             try:
                 await self.prune(datetime.now(UTC), stop)
             except (DBAPIError, OSError) as exc:
+                count_retry("prune", exc)
                 log.warning("pruner: a pass failed, retrying next interval: %r", exc)
             await wait_first(stop, limit_s=self._settings.prune_interval_s)
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import REGISTRY
 
 from producers.api.app import create_app
 from producers.jobs.repository import JobRepository
@@ -18,6 +17,7 @@ from producers.service import run_relay
 from schemas.errors import JobAlreadyTerminal
 from schemas.states import JobState
 from sluicegate.db import make_engine
+from sluicegate.metrics import registry
 from sluicegate.settings import Settings
 from tests.integration.drops import (
     LONG_DOC,
@@ -74,7 +74,8 @@ async def submit(pipeline: Pipeline, **body: Any) -> str:
 
 
 def dropped(reason: str) -> float:
-    value = REGISTRY.get_sample_value("sluicegate_worker_jobs_dropped_total", {"reason": reason})
+    worker = registry("worker")
+    value = worker.get_sample_value("sluicegate_worker_jobs_dropped_total", {"reason": reason})
     return value or 0.0
 
 

@@ -42,6 +42,12 @@ ENDPOINT_DISABLED = "endpoint disabled (it answered 410 Gone)"
 Endpoint = tuple[str, str]  # (tenant, url)
 
 
+@dataclass(frozen=True)
+class Recorded:
+    owned: bool
+    disabled: int = 0
+
+
 @dataclass(frozen=True, kw_only=True)
 class Claimed:
     """A delivery leased to this dispatcher for one attempt."""
@@ -173,10 +179,11 @@ class AttemptRepository:
             )
             return list(rows)
 
-    async def record(self, claimed: Claimed, answer: Answer, verdict: Verdict) -> bool:
-        """Record the attempt and apply its verdict. False when the delivery was no longer
-        this attempt's (its lease ran out and another attempt took it, or its endpoint was
-        disabled meanwhile): the attempt is recorded all the same."""
+    async def record(self, claimed: Claimed, answer: Answer, verdict: Verdict) -> Recorded:
+        """Record the attempt and apply its verdict. ``owned`` is False when the delivery was
+        no longer this attempt's (its lease ran out and another attempt took it, or its
+        endpoint was disabled meanwhile): the attempt is recorded all the same.
+        ``disabled``: the other pending deliveries a 410 dead-lettered with it."""
         async with self._engine.begin() as conn:
             await conn.execute(
                 insert(webhook_attempts).values(
@@ -199,14 +206,14 @@ class AttemptRepository:
                     .where(owned)
                     .values(state=DeliveryState.DELIVERED.value, finished_at=func.now(), **base)
                 )
-                return bool(result.rowcount)
+                return Recorded(owned=bool(result.rowcount))
             if verdict.outcome is Outcome.RETRY:
                 result = await conn.execute(
                     update(webhook_deliveries)
                     .where(owned)
                     .values(next_attempt_at=after(verdict.wait_s), **base)
                 )
-                return bool(result.rowcount)
+                return Recorded(owned=bool(result.rowcount))
             reason = verdict.reason or "given up"
             if verdict.outcome is Outcome.GONE:
                 await conn.execute(
@@ -215,19 +222,22 @@ class AttemptRepository:
                     .on_conflict_do_nothing()
                 )
             owned_now = await self._dead(conn, claimed.id, owned, reason, **base)
+            disabled = 0
             if verdict.outcome is Outcome.GONE:
                 # Every other pending delivery to the endpoint goes too, now.
                 others = await conn.scalars(
-                    select(webhook_deliveries.c.id).where(
+                    select(webhook_deliveries.c.id)
+                    .where(
                         webhook_deliveries.c.tenant == claimed.tenant,
                         webhook_deliveries.c.url == claimed.url,
                         webhook_deliveries.c.state == _PENDING,
                         webhook_deliveries.c.id != claimed.id,
                     )
+                    .order_by(webhook_deliveries.c.id)  # one lock order (sluicegate.lock_store)
                 )
                 for other in list(others):
-                    await self._dead(conn, other, None, ENDPOINT_DISABLED)
-            return bool(owned_now)
+                    disabled += await self._dead(conn, other, None, ENDPOINT_DISABLED)
+            return Recorded(owned=bool(owned_now), disabled=disabled)
 
     async def _dead(
         self,

@@ -19,8 +19,11 @@ from prometheus_client import Counter as MetricCounter
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from schemas.webhooks import M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED
+from schemas.constants import M_DEAD_LETTERED
+from schemas.webhooks import DEAD_LETTER_SOURCE, M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED
 from sluicegate.aio import wait_first
+from sluicegate.metrics import registry
+from sluicegate.retry import count as count_retry
 from workers.webhooks.attempt_repository import AttemptRepository, Claimed, Endpoint
 from workers.webhooks.http import WebhookClient
 from workers.webhooks.retry import Answer, Outcome, RetrySchedule, Uniform, judge
@@ -28,8 +31,19 @@ from workers.webhooks.signing import signed_headers
 
 log = logging.getLogger(__name__)
 
-ATTEMPTS = MetricCounter(M_WEBHOOK_ATTEMPTS, "Webhook attempts by outcome", ["outcome"])
-FINISHED = MetricCounter(M_WEBHOOK_FINISHED, "Webhook deliveries finished", ["state"])
+WEBHOOKS = registry("webhooks")
+ATTEMPTS = MetricCounter(
+    M_WEBHOOK_ATTEMPTS, "Webhook attempts by outcome", ["outcome"], registry=WEBHOOKS
+)
+FINISHED = MetricCounter(
+    M_WEBHOOK_FINISHED, "Webhook deliveries finished", ["state"], registry=WEBHOOKS
+)
+DEAD_LETTERED = MetricCounter(
+    M_DEAD_LETTERED,
+    "Records set aside as dead letters, by source and reason",
+    ["source", "reason"],
+    registry=WEBHOOKS,
+)
 
 # A lease outlasts an attempt's time limit by this much before the row comes due again.
 LEASE_MARGIN_S = 30.0
@@ -73,6 +87,7 @@ class Dispatcher:
                 try:
                     wait = await self._round()
                 except (DBAPIError, OSError, PoolTimeout) as exc:
+                    count_retry("webhook_claim", exc)
                     log.warning("webhooks: database down, retrying in %.1fs: %r", backoff, exc)
                     await wait_first(stop, limit_s=backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF_S)
@@ -99,6 +114,9 @@ class Dispatcher:
             self._start(claimed)
         if claim.dead:
             FINISHED.labels(state="dead").inc(claim.dead)
+            DEAD_LETTERED.labels(source=DEAD_LETTER_SOURCE, reason="endpoint_disabled").inc(
+                claim.dead
+            )
         if claim.claimed or claim.dead:
             return 0.0
         full = [e for e, n in self._busy.items() if n >= self._per_endpoint]
@@ -129,14 +147,27 @@ class Dispatcher:
         try:
             answer = await self._send(claimed)
             verdict = judge(answer, claimed.attempt, self._schedule, self._uniform)
-            owned = await asyncio.shield(self._repo.record(claimed, answer, verdict))
-        except Exception:
-            log.exception("webhooks: attempt %d of %s failed", claimed.attempt, claimed.id)
+            recorded = await asyncio.shield(self._repo.record(claimed, answer, verdict))
+        except Exception as exc:
+            # The row stays leased and comes due again when the lease runs out.
+            if count_retry("webhook_record", exc) is None:
+                log.exception("webhooks: attempt %d of %s failed", claimed.attempt, claimed.id)
+            else:
+                log.warning(
+                    "webhooks: attempt %d of %s not recorded: %r", claimed.attempt, claimed.id, exc
+                )
             return
         ATTEMPTS.labels(outcome=verdict.outcome.value).inc()
-        if owned and verdict.outcome is not Outcome.RETRY:
+        if recorded.owned and verdict.outcome is not Outcome.RETRY:
             state = "delivered" if verdict.outcome is Outcome.DELIVERED else "dead"
             FINISHED.labels(state=state).inc()
+            if verdict.code is not None:
+                DEAD_LETTERED.labels(source=DEAD_LETTER_SOURCE, reason=verdict.code).inc()
+        if recorded.disabled:
+            FINISHED.labels(state="dead").inc(recorded.disabled)
+            DEAD_LETTERED.labels(source=DEAD_LETTER_SOURCE, reason="endpoint_disabled").inc(
+                recorded.disabled
+            )
         log.info(
             "webhook %s attempt %d to %s: %s %s",
             claimed.id,

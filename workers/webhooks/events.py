@@ -16,8 +16,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from schemas.envelopes import JobEvent
+from sluicegate.retry import count as count_retry
 from workers.webhooks.delivery_repository import DeliveryRepository
-from workers.webhooks.dispatch import Dispatcher
+from workers.webhooks.dispatch import DEAD_LETTERED, Dispatcher
 from workers.webhooks.retry import RetrySchedule, Uniform
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class EventHandler:
                 await self._handle(topic, partition, offset, value)
                 return
             except (DBAPIError, OSError, PoolTimeout) as exc:
+                count_retry("webhook_enqueue", exc)
                 log.warning("webhooks: database unavailable, retrying in %.1fs: %r", backoff, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
@@ -59,6 +61,7 @@ class EventHandler:
         except ValidationError:
             log.error("webhooks: %s@%d:%d is not a job event", topic, partition, offset)
             await self._repo.poison(topic=topic, partition=partition, offset=offset, payload=value)
+            DEAD_LETTERED.labels(source="events", reason="invalid_event").inc()
             return
         if not event.state.terminal:
             return

@@ -10,10 +10,9 @@ import asyncio
 import logging
 import random
 
-from prometheus_client import start_http_server
-
 from schemas.webhooks import WEBHOOKS_CHANNEL
 from sluicegate.db import make_engine
+from sluicegate.metrics import serve as serve_metrics
 from sluicegate.notify import Listener
 from sluicegate.settings import Settings
 from workers.webhooks.app import consume
@@ -28,8 +27,7 @@ from workers.webhooks.ssrf import AddressPolicy
 
 async def run_webhooks(settings: Settings, stop: asyncio.Event) -> None:
     """The dispatcher process until ``stop``: consume events, deliver, drain, exit."""
-    if settings.metrics_port is not None:
-        start_http_server(settings.metrics_port)
+    serve_metrics("webhooks", settings.metrics_port)
     if settings.log_level.upper() != "DEBUG":
         for name in ("faust", "mode"):  # their start and stop take forty INFO lines
             logging.getLogger(name).setLevel(logging.WARNING)

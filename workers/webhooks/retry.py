@@ -91,6 +91,7 @@ class Verdict:
     outcome: Outcome
     wait_s: float = 0.0  # before the next attempt, for RETRY
     reason: str | None = None  # why it was given up, for DEAD and GONE
+    code: str | None = None  # the same as a stable label: gone, refused, retries_exhausted
 
 
 def judge(answer: Answer, attempt: int, schedule: RetrySchedule, uniform: Uniform) -> Verdict:
@@ -101,14 +102,18 @@ def judge(answer: Answer, attempt: int, schedule: RetrySchedule, uniform: Unifor
     if status is not None and 200 <= status < 300:
         return Verdict(outcome=Outcome.DELIVERED)
     if status == 410:
-        return Verdict(outcome=Outcome.GONE, reason="endpoint answered 410 Gone")
+        return Verdict(outcome=Outcome.GONE, reason="endpoint answered 410 Gone", code="gone")
     if answer.refused:
-        return Verdict(outcome=Outcome.DEAD, reason=answer.error or "destination refused")
+        return Verdict(
+            outcome=Outcome.DEAD, reason=answer.error or "destination refused", code="refused"
+        )
     honoured = answer.retry_after_s if status in (429, 503) else None
     wait = schedule.after_failure(attempt, honoured, uniform)
     if wait is None:
         last = f"HTTP {status}" if status is not None else (answer.error or "no response")
         return Verdict(
-            outcome=Outcome.DEAD, reason=f"gave up after {attempt} attempts (last: {last})"
+            outcome=Outcome.DEAD,
+            reason=f"gave up after {attempt} attempts (last: {last})",
+            code="retries_exhausted",
         )
     return Verdict(outcome=Outcome.RETRY, wait_s=wait)

@@ -1,0 +1,64 @@
+"""One Prometheus registry per role, so a process exports its own role's families only.
+
+Every role's metrics are defined at import time, and ``sluicegate`` imports every role, so
+the default registry would make the API export the workers' gauges and each worker the
+API's. Instead each role's metrics are registered in ``registry(role)``, which also holds
+the process, platform and garbage-collector collectors, and a process serves only the
+registry of the role it runs (``serve``, or ``exposition`` for the API's ``/metrics``).
+
+``DATABASE_RETRIES`` is shared: each role retries transient database errors and counts
+them in the registry of the role it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    generate_latest,
+    start_http_server,
+)
+
+from schemas.constants import M_DATABASE_RETRIES
+
+Role = Literal["api", "relay", "worker", "webhooks"]
+ROLES: tuple[Role, ...] = ("api", "relay", "worker", "webhooks")
+
+DATABASE_RETRIES = Counter(
+    M_DATABASE_RETRIES,
+    "Database operations retried after a transient error (deadlock, serialization failure, "
+    "lost connection), by operation and error",
+    ["operation", "error"],
+    registry=None,
+)
+
+
+def _new(role: Role) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, DATABASE_RETRIES):
+        registry.register(collector)
+    return registry
+
+
+_REGISTRIES: dict[Role, CollectorRegistry] = {role: _new(role) for role in ROLES}
+
+
+def registry(role: Role) -> CollectorRegistry:
+    """The registry of ``role``'s metrics."""
+    return _REGISTRIES[role]
+
+
+def serve(role: Role, port: int | None) -> None:
+    """Serve ``role``'s metrics on ``port`` (nothing when it is None)."""
+    if port is not None:
+        start_http_server(port, registry=registry(role))
+
+
+def exposition(role: Role) -> bytes:
+    """``role``'s metrics in Prometheus' text format."""
+    return generate_latest(registry(role))
