@@ -53,6 +53,9 @@ class AdmissionController:
         self._admitted = 0
         self._settled = 0
         monitor.marker = lambda: self._settled
+        # The meter's last count of the backlog (when, jobs, the settled mark before it):
+        # with the open lag it is the same quantity as a reading, counted more often.
+        self._count: tuple[float, int, int] | None = None
 
     @property
     def blocked(self) -> int:
@@ -128,6 +131,18 @@ class AdmissionController:
         self._admitted += jobs
         self._settled += jobs
 
+    def marker(self) -> int:
+        """The admitted jobs committed so far (a count taken after this includes them)."""
+        return self._settled
+
+    def counted(self, jobs: int, mark: int) -> None:
+        """The meter counted ``jobs`` in the backlog in PostgreSQL, after ``mark``
+        (``marker()``) was read. Newer than the last lag reading, it replaces the reading's
+        lag: a reading plus every job released since would ignore the jobs that ended
+        meanwhile, and a fast drain would push that sum past ``lag_hard`` while the true
+        lag stays under ``lag_soft``."""
+        self._count = (time.monotonic(), jobs, mark)
+
     def current_lag(self) -> int | None:
         """The lag as admission sees it now; None while it is unknown."""
         try:
@@ -173,8 +188,12 @@ class AdmissionController:
         lag = self._monitor.snapshot()
         if not lag.known:
             raise self._policy.unknown(lag)
-        unseen = self._admitted - self._monitor.mark
-        return replace(lag, lag=lag.lag + unseen) if unseen > 0 else lag
+        estimate = lag.lag + max(0, self._admitted - self._monitor.mark)
+        if self._count is not None:
+            at, jobs, mark = self._count
+            if at > time.monotonic() - lag.age_s:  # counted after the reading began
+                estimate = jobs + max(0, self._admitted - mark)
+        return replace(lag, lag=estimate) if estimate != lag.lag else lag
 
     def running_jobs(self, count: int) -> None:
         """How many jobs workers are running now. Their records count in the lag (offsets

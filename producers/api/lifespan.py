@@ -122,6 +122,8 @@ def _meter(settings: Settings, db: AsyncEngine, admission: AdmissionController) 
         MeterStore(db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic),
         lag=lag,
         released=admission.released,
+        counted=None if consumer else admission.counted,
+        marker=admission.marker,
         soft=settings.lag_soft,
         fill=settings.batch_fill,
         interval_s=settings.lag_interval_s,

@@ -60,12 +60,18 @@ class Meter:
         soft: int,
         fill: float,
         interval_s: float,
+        counted: Callable[[int, int], None] | None = None,
+        marker: Callable[[], int] = lambda: 0,
     ) -> None:
         """``lag``: the current lag reading (None while it is unknown: nothing is released
-        then); ``released``: told how many jobs each round released."""
+        then); ``released``: told how many jobs each round released; ``counted``: told the
+        backlog each round counted, with ``marker``'s value just before the round (the
+        admitted jobs committed by then are in the count)."""
         self._store = store
         self._lag = lag
         self._released = released
+        self._counted = counted
+        self._marker = marker
         self._soft = soft
         self._fill = max(1, int(soft * fill))
         self._interval_s = interval_s
@@ -87,6 +93,7 @@ class Meter:
     async def step(self, now: datetime | None = None) -> Round:
         lag = self._lag()
         expire = time.monotonic() - self._expired_at >= EXPIRE_EVERY_S
+        mark = self._marker()
         done = await self._store.round(
             lambda backlog: (
                 0 if lag is None else room(backlog, lag=lag, soft=self._soft, fill=self._fill)
@@ -95,6 +102,8 @@ class Meter:
             expire=expire,
         )
         if done.backlog is not None:
+            if self._counted is not None:
+                self._counted(done.backlog.jobs, mark)
             self._waiting = done.wanted == 0 or done.released == done.wanted
             if expire:
                 self._expired_at = time.monotonic()

@@ -3,6 +3,8 @@ of the reading from PostgreSQL (``LagRepository``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -33,11 +35,13 @@ class KafkaLagSource:
         self._repository = LagRepository(
             db, topic=topic, partitions=partitions, count_open=count_open
         )
+        # Read as the PostgreSQL snapshot begins (Reading.mark); LagMonitor sets it.
+        self.marker: Callable[[], int] | None = None
 
     async def read(self) -> Reading:
         # The commit points first: the ends and the open jobs read after them are at or
         # past them.
-        return await self._repository.reading(await self.committed())
+        return await self._repository.reading(await self.committed(), self.marker)
 
     async def committed(self) -> dict[int, int]:
         """The worker group's committed offset per partition (0 where none)."""

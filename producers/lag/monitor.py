@@ -72,6 +72,11 @@ class LagMonitor:
         self.marker: Callable[[], int] = lambda: 0
         self.mark = 0
         self._marks: deque[tuple[float, int]] = deque(maxlen=256)  # (clock, marker())
+        # A source that reads PostgreSQL itself reads the marker as its snapshot begins:
+        # a mark taken before the broker is asked would count the jobs committed in
+        # between twice (in the reading and as unseen), up to a meter round's release.
+        if hasattr(source, "marker"):
+            source.marker = lambda: self.marker()
 
     def update(
         self,
@@ -126,7 +131,7 @@ class LagMonitor:
         r = reading
         if not self.update(r.ends, r.committed, r.unpublished, r.open, age_s=r.age_s):
             return False
-        self.mark = self._mark_at(self._clock() - r.age_s)
+        self.mark = r.mark if r.mark is not None else self._mark_at(self._clock() - r.age_s)
         return True
 
     def _mark_at(self, began: float) -> int:

@@ -4,7 +4,7 @@ yet ended past the worker group's commit points."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sqlalchemy import (
     BigInteger,
@@ -39,12 +39,16 @@ class LagRepository:
         self._partitions = partitions
         self._count_open = count_open
 
-    async def reading(self, committed: Mapping[int, int]) -> Reading:
+    async def reading(
+        self, committed: Mapping[int, int], marker: Callable[[], int] | None = None
+    ) -> Reading:
         """The reading at the commit points ``committed`` (read first: the ends and the open
         jobs read after them are at or past them). One snapshot: the relay moves rows from
-        "unpublished" to the ends, and records the jobs' positions, in one transaction."""
+        "unpublished" to the ends, and records the jobs' positions, in one transaction.
+        ``marker`` is read as the snapshot begins (``Reading.mark``)."""
         async with self._db.connect() as conn:
             await conn.execution_options(isolation_level="REPEATABLE READ")
+            mark = marker() if marker is not None else None
             rows = (
                 await conn.execute(
                     select(partition_ends.c.partition, partition_ends.c.end_offset).where(
@@ -61,7 +65,7 @@ class LagRepository:
             ).scalar_one()
             open = await self._open(conn, committed) if self._count_open else None
         ends = {p: 0 for p in range(self._partitions)} | {r[0]: int(r[1]) for r in rows}
-        return Reading(ends, committed, int(unpublished), open)
+        return Reading(ends, committed, int(unpublished), open, mark=mark)
 
     async def _open(self, conn: AsyncConnection, committed: Mapping[int, int]) -> dict[int, int]:
         """Per partition, the jobs not yet ended whose record of this log lies at or past the

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 from aiokafka.errors import KafkaError
@@ -40,6 +41,15 @@ class SharedLagSource:
         self._name = f"{socket.gethostname()}:{os.getpid()}"
         self._reader = False
         self._last: datetime | None = None  # when the last reading handed over began
+
+    @property
+    def marker(self) -> Callable[[], int] | None:
+        """Read as this replica's own readings' snapshots begin (``Reading.mark``)."""
+        return self._local.marker
+
+    @marker.setter
+    def marker(self, marker: Callable[[], int] | None) -> None:
+        self._local.marker = marker
 
     @property
     def reader(self) -> bool:
@@ -70,7 +80,12 @@ class SharedLagSource:
         taken = time.monotonic() - began
         await self._store.write(reading, taken_s=taken, reader=self._name)
         return Reading(
-            reading.ends, reading.committed, reading.unpublished, reading.open, age_s=taken
+            reading.ends,
+            reading.committed,
+            reading.unpublished,
+            reading.open,
+            age_s=taken,
+            mark=reading.mark,
         )
 
     async def _follow(self) -> Reading | None:

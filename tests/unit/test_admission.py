@@ -395,3 +395,17 @@ async def test_a_backlog_nothing_consumes_is_said_plainly() -> None:
     busy = stalled(250, stalled_s=12.0)
     busy.running_jobs(2)  # long jobs on a worker: it is alive
     assert "worker running" not in str(await refusal(busy))
+
+
+def test_the_meters_count_newer_than_the_reading_replaces_its_lag() -> None:
+    monitor, clock = monitor_at(150)
+    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+    c.released(80)  # a meter round released 80 held jobs after the reading: seen at once
+    assert c.current_lag() == 230
+    clock.t += 1.0  # the reading is a second old; the jobs that ended since are not in it
+    c.counted(120, c.marker())  # the meter's next round counted the backlog itself
+    assert c.current_lag() == 120
+    c.released(30)
+    assert c.current_lag() == 150
+    monitor.update({0: 1000}, {0: 1000 - 40})  # a reading newer than the count
+    assert c.current_lag() == 40 + 110  # its lag, plus all released since its mark (0)
