@@ -92,12 +92,30 @@ import psutil
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from benchmarks.costs_plot import plot_costs
-from benchmarks.harness import OUT_DIR, TERMINAL, bench_settings, write_report
+from benchmarks.harness import (
+    OUT_DIR,
+    TERMINAL,
+    alter_system,
+    bench_settings,
+    columns,
+    write_report,
+)
 from benchmarks.naive import capacity
-from benchmarks.retention import plain_url
-from benchmarks.soak import ROLES, Load, Receiver, Stack, api_ready, offer, submit, warm_up
+from benchmarks.soak import (
+    ROLES,
+    Batches,
+    Load,
+    Receiver,
+    Stack,
+    api_ready,
+    offer,
+    offer_batches,
+    submit,
+    warm_up,
+)
 from benchmarks.trace import Mix, backlog
 from schemas import constants
+from sluicegate.db import libpq_url
 from sluicegate.local.embedded import EmbeddedBroker, EmbeddedPostgres, free_port
 from sluicegate.settings import Settings
 
@@ -170,15 +188,8 @@ class Servers:
 
 
 async def preload_statements(pg: EmbeddedPostgres) -> None:
-    """``pg_stat_statements`` loaded at start: in this data directory's postgresql.auto.conf,
-    then a restart."""
-    conn = await asyncpg.connect(pg.admin_url)
-    try:
-        await conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
-    finally:
-        await conn.close()
-    await asyncio.to_thread(pg.stop)
-    await asyncio.to_thread(pg.start)
+    """``pg_stat_statements`` loaded at start."""
+    await alter_system(pg, "shared_preload_libraries", "'pg_stat_statements'")
 
 
 @asynccontextmanager
@@ -226,7 +237,7 @@ async def observer(admin_url: str, database_url: str) -> Observer:
             await admin.execute(f"CREATE ROLE {OBSERVER} LOGIN SUPERUSER")
     finally:
         await admin.close()
-    url = plain_url(database_url).replace("://postgres@", f"://{OBSERVER}@", 1)
+    url = libpq_url(database_url).replace("://postgres@", f"://{OBSERVER}@", 1)
     conn = await asyncpg.connect(url)
     await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     return Observer(conn, int(await conn.fetchval("SELECT pg_backend_pid()")))
@@ -421,41 +432,6 @@ async def offer_plain(client: httpx.AsyncClient, load: Load, rate: float, second
     await asyncio.gather(*tasks)
 
 
-@dataclass
-class Batches:
-    accepted: dict[str, int] = field(default_factory=dict)  # batch id: its jobs
-    refused: Counter[str] = field(default_factory=Counter)
-
-
-async def offer_batches(
-    client: httpx.AsyncClient, batches: Batches, rate: float, seconds: float, size: int
-) -> None:
-    """A batch of ``size`` lines every ``size / rate`` seconds, the first at once."""
-    docs = backlog(400, Mix(), seed=13)
-    every_s, started, n = size / rate, time.monotonic(), 0
-    while (at := n * every_s) < seconds:
-        await asyncio.sleep(max(0.0, started + at - time.monotonic()))
-        lines = []
-        for i in range(size):
-            doc, max_tokens = docs[(n * size + i) % len(docs)]
-            body = {"kind": "summarize", "input": doc, "max_tokens": max_tokens}
-            lines.append(
-                {"custom_id": f"{n}-{i}", "method": "POST", "url": "/v1/jobs", "body": body}
-            )
-        try:
-            r = await client.post(
-                "/v1/batches", json={"requests": lines, "completion_window": "1h"}
-            )
-        except httpx.HTTPError as exc:
-            batches.refused[type(exc).__name__] += 1
-        else:
-            if r.status_code == 201:
-                batches.accepted[r.json()["id"]] = size
-            else:
-                batches.refused[str(r.status_code)] += 1
-        n += 1
-
-
 # --- the windows --------------------------------------------------------------------------
 
 
@@ -599,9 +575,17 @@ def single_load(run: Run, tenant: str, callback: str | None) -> Callable[[], Awa
 
 def batch_load(run: Run, tenant: str) -> Callable[[], Awaitable[Offered]]:
     async def load() -> Offered:
-        got = Batches()
+        got, size = Batches(), run.args.batch_size
+        docs = backlog(400, Mix(), seed=13)
         async with run.client(tenant) as client:
-            await offer_batches(client, got, run.args.rate, run.args.load_s, run.args.batch_size)
+            await offer_batches(
+                client,
+                got,
+                lambda k: docs[k % len(docs)],
+                every_s=size / run.args.rate,  # a batch of size lines every size / rate s
+                size=size,
+                seconds=run.args.load_s,
+            )
         answers = {"201": len(got.accepted), **got.refused}
         return Offered(sum(got.accepted.values()), answers=answers, batches=len(got.accepted))
 
@@ -910,17 +894,6 @@ def show(report: dict[str, Any]) -> None:
         print("\ntop statements by calls per job (single):")
         for s in single["top_statements_by_calls"]:
             print(f"  {s['calls_per_job']:7.3f}  {s['mean_ms']} ms  {s['query'][:110]}")
-
-
-def columns(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in rows
-    )
 
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:

@@ -87,20 +87,16 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import os
 import random
 import statistics
-import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import asyncpg
 from sqlalchemy import func, select
 
 from benchmarks import overload
@@ -109,9 +105,11 @@ from benchmarks.harness import (
     OUT_DIR,
     TERMINAL,
     Bench,
+    alter_system,
     job_rows,
     percentile,
     pipeline,
+    services,
     write_report,
 )
 from benchmarks.overload import Counting, call
@@ -121,7 +119,7 @@ from schemas.envelopes import JobEvent
 from schemas.jobs import JobKind
 from schemas.tables import jobs, outbox
 from sluicegate.db import make_engine
-from sluicegate.local.embedded import EmbeddedBroker, EmbeddedPostgres
+from sluicegate.local.embedded import EmbeddedPostgres
 from workers.consumer import Worker
 from workers.engines.base import GenerationRequest
 from workers.engines.sim.engine import SimEngine
@@ -141,40 +139,9 @@ SEED = 20261207
 # --- services ---------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def services() -> AsyncIterator[tuple[str, str]]:
-    """(admin database URL, bootstrap): the embedded PostgreSQL, with room for a fleet's
-    connections, and the embedded broker (or SLUICEGATE_BENCH_DATABASE_URL / _KAFKA)."""
-    with tempfile.TemporaryDirectory(prefix="sluicegate-fleet-") as tmp:
-        pg = broker = None
-        try:
-            admin = os.environ.get("SLUICEGATE_BENCH_DATABASE_URL")
-            if admin is None:
-                pg = EmbeddedPostgres(Path(tmp) / "pg")
-                await asyncio.to_thread(pg.start)
-                admin = pg.admin_url
-                await raise_max_connections(pg)
-            bootstrap = os.environ.get("SLUICEGATE_BENCH_KAFKA")
-            if bootstrap is None:
-                broker = EmbeddedBroker(log_path=Path(tmp) / "broker.log")
-                await broker.start()
-                bootstrap = broker.bootstrap
-            yield admin, bootstrap
-        finally:
-            if broker is not None:
-                broker.stop()
-            if pg is not None:
-                await asyncio.to_thread(pg.stop)
-
-
 async def raise_max_connections(pg: EmbeddedPostgres) -> None:
-    conn = await asyncpg.connect(pg.admin_url)
-    try:
-        await conn.execute(f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}")
-    finally:
-        await conn.close()
-    await asyncio.to_thread(pg.stop)
-    await asyncio.to_thread(pg.start)
+    """Room for a fleet's connections on the embedded PostgreSQL."""
+    await alter_system(pg, "max_connections", str(MAX_CONNECTIONS))
 
 
 # --- the engine, timed -------------------------------------------------------------------
@@ -875,7 +842,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         flush=True,
     )
     runs: dict[str, dict[str, Any]] = {}
-    async with services() as (admin, bootstrap):
+    async with services(raise_max_connections) as (admin, bootstrap):
         for policy in args.policies:
             runs[policy] = await run_policy(admin, bootstrap, policy, args, roof, sched)
             print(f"{policy}: {runs[policy]['summary']}", flush=True)

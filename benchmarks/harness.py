@@ -9,7 +9,7 @@ import json
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,8 +52,12 @@ class Bench:
 
 
 @asynccontextmanager
-async def services() -> AsyncIterator[tuple[str, str]]:
-    """(admin database URL, bootstrap) of real services for the whole benchmark run."""
+async def services(
+    configure: Callable[[EmbeddedPostgres], Awaitable[None]] | None = None,
+) -> AsyncIterator[tuple[str, str]]:
+    """(admin database URL, bootstrap) of real services for the whole benchmark run;
+    ``configure`` is given the embedded PostgreSQL once it runs (not a server of
+    SLUICEGATE_BENCH_DATABASE_URL)."""
     with tempfile.TemporaryDirectory(prefix="sluicegate-bench-") as tmp:
         pg = broker = None
         try:
@@ -62,6 +66,8 @@ async def services() -> AsyncIterator[tuple[str, str]]:
                 pg = EmbeddedPostgres(Path(tmp) / "pg")
                 await asyncio.to_thread(pg.start)
                 admin = pg.admin_url
+                if configure is not None:
+                    await configure(pg)
             bootstrap = os.environ.get("SLUICEGATE_BENCH_KAFKA")
             if bootstrap is None:
                 broker = EmbeddedBroker(log_path=Path(tmp) / "broker.log")
@@ -73,6 +79,30 @@ async def services() -> AsyncIterator[tuple[str, str]]:
                 broker.stop()
             if pg is not None:
                 await asyncio.to_thread(pg.stop)
+
+
+async def alter_system(pg: EmbeddedPostgres, setting: str, value: str) -> None:
+    """``ALTER SYSTEM SET setting = value`` on the embedded server (its data directory's
+    postgresql.auto.conf), then a restart, for the settings read only at start."""
+    conn = await asyncpg.connect(pg.admin_url)
+    try:
+        await conn.execute(f"ALTER SYSTEM SET {setting} = {value}")
+    finally:
+        await conn.close()
+    await asyncio.to_thread(pg.stop)
+    await asyncio.to_thread(pg.start)
+
+
+def columns(rows: Sequence[Sequence[str]]) -> str:
+    """Rows as aligned text columns: the first to the left, the others to the right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    )
 
 
 @asynccontextmanager

@@ -74,7 +74,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from ipaddress import ip_network
 from pathlib import Path
@@ -83,13 +82,31 @@ from typing import Any
 import asyncpg
 import httpx
 
-from benchmarks.harness import OUT_DIR, TERMINAL, bench_settings, services, write_report
+from benchmarks.harness import (
+    OUT_DIR,
+    TERMINAL,
+    bench_settings,
+    columns,
+    services,
+    write_report,
+)
 from benchmarks.naive import capacity
 from benchmarks.overload import LAG_HARD_S, LAG_SOFT_S
 from benchmarks.retention_plot import plot_retention
-from benchmarks.soak import ROLES, Load, Stack, api_ready, environment, offer, warm_up
+from benchmarks.soak import (
+    ROLES,
+    Batches,
+    Load,
+    Stack,
+    api_ready,
+    environment,
+    offer,
+    offer_batches,
+    warm_up,
+)
 from benchmarks.trace import Mix, backlog
 from schemas import constants
+from sluicegate.db import libpq_url
 from sluicegate.local.embedded import free_port
 
 OUT = OUT_DIR / "retention.json"
@@ -188,57 +205,6 @@ class Receiver:
 # --- batches ------------------------------------------------------------------------------
 
 
-@dataclass
-class Batches:
-    accepted: dict[str, int] = field(default_factory=dict)  # batch id: its jobs
-    refused: Counter[str] = field(default_factory=Counter)
-
-
-async def offer_batches(
-    client: httpx.AsyncClient,
-    batches: Batches,
-    *,
-    every_s: float,
-    size: int,
-    window: str,
-    seconds: float,
-    callback: str,
-) -> None:
-    """A batch of ``size`` lines every ``every_s`` for ``seconds``, the first at once."""
-    rng = random.Random(17)
-    docs = backlog(200, Mix(), seed=19)
-    started = time.monotonic()
-    n = 0
-    while (at := n * every_s) < seconds:
-        await asyncio.sleep(max(0.0, started + at - time.monotonic()))
-        lines = []
-        for i in range(size):
-            doc, max_tokens = docs[rng.randrange(len(docs))]
-            lines.append(
-                {
-                    "custom_id": f"{n}-{i}",
-                    "method": "POST",
-                    "url": "/v1/jobs",
-                    "body": {"kind": "summarize", "input": doc, "max_tokens": max_tokens},
-                }
-            )
-        body = {"requests": lines, "completion_window": window, "callback_url": callback}
-        try:
-            r = await client.post("/v1/batches", json=body)
-        except httpx.HTTPError as exc:
-            batches.refused[type(exc).__name__] += 1
-        else:
-            if r.status_code == 201:
-                batches.accepted[r.json()["id"]] = size
-            else:
-                reason = None
-                with contextlib.suppress(ValueError, AttributeError):
-                    payload = r.json()
-                    reason = payload.get("reason") or payload.get("error", {}).get("code")
-                batches.refused[f"{r.status_code} {reason}"] += 1
-        n += 1
-
-
 # --- sampling -----------------------------------------------------------------------------
 
 _TABLES_SQL = """
@@ -269,11 +235,6 @@ SELECT name, setting, unit FROM pg_settings
 WHERE name LIKE 'autovacuum%' OR name IN ('shared_buffers', 'server_version', 'track_counts')
 ORDER BY name
 """
-
-
-def plain_url(url: str) -> str:
-    """A SQLAlchemy URL as asyncpg takes it."""
-    return re.sub(r"^postgresql\+\w+://", "postgresql://", url)
 
 
 async def database_sample(conn: asyncpg.Connection) -> dict[str, Any]:
@@ -692,6 +653,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         overrides["expected_token_time_s"] = token_s
     callback = f"http://127.0.0.1:{receiver.port}/hook"
     load, batches = Load(), Batches()
+    rng, docs = random.Random(17), backlog(200, Mix(), seed=19)  # the batches' documents
     window = window_s(args)
     with tempfile.TemporaryDirectory(prefix="sluicegate-retention-") as tmp:
         async with (
@@ -699,7 +661,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             bench_settings(admin, bootstrap, data_dir=Path(tmp), **overrides) as settings,
         ):
             stack = RetentionStack(settings, Path(tmp))
-            url = plain_url(settings.require_database_url())
+            url = libpq_url(settings.require_database_url())
             client = httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{settings.api_port}",
                 headers={constants.HEADER_TENANT: TENANT},
@@ -728,6 +690,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             offer_batches(
                                 client,
                                 batches,
+                                lambda _: docs[rng.randrange(len(docs))],
                                 every_s=args.batch_every_s,
                                 size=args.batch_size,
                                 window=args.batch_window,
@@ -1001,17 +964,6 @@ def show(report: dict[str, Any]) -> None:
     else:
         print(pages.get("note"))
     print("\n" + json.dumps(report["end"], indent=1))
-
-
-def columns(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in rows
-    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

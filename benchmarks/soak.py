@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from ipaddress import ip_network
 from pathlib import Path
@@ -242,6 +243,54 @@ async def offer(
         index += 1
         at += rng.expovariate(rate)
     await asyncio.gather(*tasks)
+
+
+@dataclass
+class Batches:
+    accepted: dict[str, int] = field(default_factory=dict)  # batch id: its jobs
+    refused: Counter[str] = field(default_factory=Counter)
+
+
+async def offer_batches(
+    client: httpx.AsyncClient,
+    batches: Batches,
+    doc: Callable[[int], tuple[str, int]],
+    *,
+    every_s: float,
+    size: int,
+    seconds: float,
+    window: str = "1h",
+    callback: str | None = None,
+) -> None:
+    """A batch of ``size`` lines every ``every_s`` for ``seconds``, the first at once; the
+    k-th line offered summarizes ``doc(k)`` (a document and its max_tokens)."""
+    started, n = time.monotonic(), 0
+    while (at := n * every_s) < seconds:
+        await asyncio.sleep(max(0.0, started + at - time.monotonic()))
+        lines = []
+        for i in range(size):
+            text, max_tokens = doc(n * size + i)
+            body = {"kind": "summarize", "input": text, "max_tokens": max_tokens}
+            lines.append(
+                {"custom_id": f"{n}-{i}", "method": "POST", "url": "/v1/jobs", "body": body}
+            )
+        request: dict[str, Any] = {"requests": lines, "completion_window": window}
+        if callback is not None:
+            request["callback_url"] = callback
+        try:
+            r = await client.post("/v1/batches", json=request)
+        except httpx.HTTPError as exc:
+            batches.refused[type(exc).__name__] += 1
+        else:
+            if r.status_code == 201:
+                batches.accepted[r.json()["id"]] = size
+            else:
+                reason = None
+                with contextlib.suppress(ValueError, AttributeError):
+                    payload = r.json()
+                    reason = payload.get("reason") or payload.get("error", {}).get("code")
+                batches.refused[f"{r.status_code} {reason}"] += 1
+        n += 1
 
 
 # --- sampling -----------------------------------------------------------------------------
