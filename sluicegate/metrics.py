@@ -38,14 +38,14 @@ DATABASE_RETRIES = Counter(
 )
 
 
-def _new(role: Role) -> CollectorRegistry:
+def _new() -> CollectorRegistry:
     registry = CollectorRegistry()
     for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, DATABASE_RETRIES):
         registry.register(collector)
     return registry
 
 
-_REGISTRIES: dict[Role, CollectorRegistry] = {role: _new(role) for role in ROLES}
+_REGISTRIES: dict[Role, CollectorRegistry] = {role: _new() for role in ROLES}
 
 
 def registry(role: Role) -> CollectorRegistry:

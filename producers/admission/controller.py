@@ -52,7 +52,7 @@ class AdmissionController:
         # counted here, so that a burst inside one interval is seen at once.
         self._admitted = 0
         self._settled = 0
-        monitor.marker = lambda: self._settled
+        monitor.marker = self.marker
         # The meter's last count of the backlog (when, jobs, the settled mark before it):
         # with the open lag it is the same quantity as a reading, counted more often.
         self._count: tuple[float, int, int] | None = None

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
@@ -156,9 +156,10 @@ async def _database_down(_: Request, exc: Exception) -> JSONResponse:
 
 
 async def _dbapi(request: Request, exc: DBAPIError) -> JSONResponse:
-    if isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated:
+    kind = transient_error(exc)
+    if kind == "connection":
         return await _database_down(request, exc)
-    if transient_error(exc) is not None:
+    if kind is not None:
         # A lock conflict (deadlock, serialization failure) its retries did not get past:
         # the transaction rolled back.
         log.warning("database busy: %s", exc)

@@ -45,6 +45,13 @@ DEAD_LETTERED = MetricCounter(
     registry=WEBHOOKS,
 )
 
+
+def _disabled(deliveries: int) -> None:
+    """Count deliveries dead-lettered because their endpoint was disabled (a 410)."""
+    FINISHED.labels(state="dead").inc(deliveries)
+    DEAD_LETTERED.labels(source=DEAD_LETTER_SOURCE, reason="endpoint_disabled").inc(deliveries)
+
+
 # A lease outlasts an attempt's time limit by this much before the row comes due again.
 LEASE_MARGIN_S = 30.0
 # Shortest wait when a row is due but could not be claimed (another dispatcher holds it).
@@ -113,10 +120,7 @@ class Dispatcher:
         for claimed in claim.claimed:
             self._start(claimed)
         if claim.dead:
-            FINISHED.labels(state="dead").inc(claim.dead)
-            DEAD_LETTERED.labels(source=DEAD_LETTER_SOURCE, reason="endpoint_disabled").inc(
-                claim.dead
-            )
+            _disabled(claim.dead)
         if claim.claimed or claim.dead:
             return 0.0
         full = [e for e, n in self._busy.items() if n >= self._per_endpoint]
@@ -164,10 +168,7 @@ class Dispatcher:
             if verdict.code is not None:
                 DEAD_LETTERED.labels(source=DEAD_LETTER_SOURCE, reason=verdict.code).inc()
         if recorded.disabled:
-            FINISHED.labels(state="dead").inc(recorded.disabled)
-            DEAD_LETTERED.labels(source=DEAD_LETTER_SOURCE, reason="endpoint_disabled").inc(
-                recorded.disabled
-            )
+            _disabled(recorded.disabled)
         log.info(
             "webhook %s attempt %d to %s: %s %s",
             claimed.id,
