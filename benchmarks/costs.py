@@ -28,7 +28,8 @@ at most once a second, and up to 10 s late when it goes idle). At both ends:
   (``SC_CLK_TCK`` ticks) of the process and every live descendant, so that a child reaped
   in the window still counts (in its parent's cutime). PostgreSQL is the postmaster's
   tree (every backend, the checkpointer, the WAL writer, autovacuum), less the backend of
-  this benchmark's own connection; the broker is the Tansu process (all its threads).
+  this benchmark's own connection; the broker is its process (the JVM of Apache Kafka,
+  or Tansu with SLUICEGATE_BENCH_BROKER=tansu; all its threads).
 - PostgreSQL: ``pg_stat_statements`` (reset at the start; the calls of the stack's role
   in the run's database, the benchmark's own connection being another role), transactions
   (``pg_stat_database.xact_commit`` of the run's database, less this benchmark's own
@@ -98,6 +99,7 @@ from benchmarks.harness import (
     alter_system,
     bench_settings,
     columns,
+    make_broker,
     write_report,
 )
 from benchmarks.naive import capacity
@@ -116,7 +118,9 @@ from benchmarks.soak import (
 from benchmarks.trace import Mix, backlog
 from schemas import constants
 from sluicegate.db import libpq_url
-from sluicegate.local.embedded import EmbeddedBroker, EmbeddedPostgres, free_port
+from sluicegate.local.broker.apache import ApacheKafka
+from sluicegate.local.broker.tansu import TansuBroker
+from sluicegate.local.embedded import EmbeddedPostgres, free_port
 from sluicegate.settings import Settings
 
 OUT = OUT_DIR / "costs.json"
@@ -181,7 +185,7 @@ class Servers:
     admin_url: str
     bootstrap: str
     postgres_dir: Path
-    broker: EmbeddedBroker
+    broker: ApacheKafka | TansuBroker
 
     def postmaster_pid(self) -> int:
         return int((self.postgres_dir / "postmaster.pid").read_text().split()[0])
@@ -197,7 +201,7 @@ async def servers(directory: Path) -> AsyncIterator[Servers]:
     """Embedded PostgreSQL (with pg_stat_statements) and broker: this benchmark reads their
     processes, so it does not take SLUICEGATE_BENCH_DATABASE_URL / SLUICEGATE_BENCH_KAFKA."""
     pg = EmbeddedPostgres(directory / "pg")
-    broker = EmbeddedBroker(log_path=directory / "broker.log")
+    broker = make_broker(directory)
     try:
         await asyncio.to_thread(pg.start)
         await preload_statements(pg)

@@ -1,6 +1,7 @@
 """A whole pipeline in one process for benchmarks: embedded PostgreSQL and broker (or the
 URLs in SLUICEGATE_BENCH_DATABASE_URL / SLUICEGATE_BENCH_KAFKA), the API over ASGI, the relay
-and workers as tasks."""
+and workers as tasks. The broker is Apache Kafka from `sluicegate kafka pull`, or Tansu with
+SLUICEGATE_BENCH_BROKER=tansu (also for a SLUICEGATE_BENCH_KAFKA that is a Tansu)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ from schemas.states import TERMINAL_STATES
 from sluicegate import migrate
 from sluicegate.db import make_engine
 from sluicegate.kafka import ensure_topics
-from sluicegate.local.embedded import EmbeddedBroker, EmbeddedPostgres
+from sluicegate.local.broker import dist
+from sluicegate.local.broker.apache import ApacheKafka
+from sluicegate.local.broker.tansu import WORKAROUNDS, TansuBroker
+from sluicegate.local.embedded import EmbeddedPostgres
 from sluicegate.settings import Settings
 from workers.service import run_worker
 
@@ -51,6 +55,40 @@ class Bench:
         self.tasks.append(asyncio.create_task(run_worker(self.settings, self.stop)))
 
 
+def broker_kind() -> str:
+    """The benchmark's broker: SLUICEGATE_BENCH_BROKER (kafka, the default, or tansu)."""
+    kind = os.environ.get("SLUICEGATE_BENCH_BROKER", "kafka")
+    if kind not in ("kafka", "tansu"):
+        raise SystemExit(f"SLUICEGATE_BENCH_BROKER must be kafka or tansu, not {kind!r}")
+    return kind
+
+
+def make_broker(directory: Path) -> ApacheKafka | TansuBroker:
+    """The embedded broker of ``broker_kind()``, its files in ``directory`` (not started)."""
+    if broker_kind() == "tansu":
+        return TansuBroker(log_path=directory / "broker.log")
+    try:
+        java = dist.find_java(java_home=os.environ.get("JAVA_HOME"))
+        home = dist.kafka_home(Settings().data_dir)
+        if not dist.is_pulled(home):
+            raise dist.NotPulled(f"no Apache Kafka in {home}: run `sluicegate kafka pull`")
+    except dist.KafkaUnavailable as exc:
+        raise SystemExit(f"{exc.code}: {exc} (or SLUICEGATE_BENCH_BROKER=tansu)") from None
+    return ApacheKafka(
+        root=directory / "kafka", home=home, java=java, log_path=directory / "broker.log"
+    )
+
+
+def broker_settings() -> dict[str, Any]:
+    """The settings the benchmark's broker needs: Tansu's workarounds, none for Kafka."""
+    if broker_kind() == "kafka":
+        return {}
+    return {
+        name.lower(): {"true": True, "false": False}.get(value, value)
+        for name, value in WORKAROUNDS.items()
+    }
+
+
 @asynccontextmanager
 async def services(
     configure: Callable[[EmbeddedPostgres], Awaitable[None]] | None = None,
@@ -70,7 +108,7 @@ async def services(
                     await configure(pg)
             bootstrap = os.environ.get("SLUICEGATE_BENCH_KAFKA")
             if bootstrap is None:
-                broker = EmbeddedBroker(log_path=Path(tmp) / "broker.log")
+                broker = make_broker(Path(tmp))
                 await broker.start()
                 bootstrap = broker.bootstrap
             yield admin, bootstrap
@@ -120,15 +158,13 @@ async def bench_settings(
         settings = Settings(
             database_url=url,
             kafka_bootstrap_servers=bootstrap,
-            kafka_idempotent_producer=False,
-            kafka_exact_end_offsets=False,
             dispatch_topic=f"{prefix}.dispatch",
             events_topic=f"{prefix}.events",
             dead_letter_topic=f"{prefix}.deadletter",
             consumer_group=f"{prefix}-workers",
             log_level="WARNING",
             auth="tenant_header",
-        ).model_copy(update=overrides)
+        ).model_copy(update={**broker_settings(), **overrides})
         await ensure_topics(bootstrap, settings.topic_partitions())
         yield settings
     finally:

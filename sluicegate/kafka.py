@@ -5,16 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Literal
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+
+from sluicegate.retry import retriable_broker_error, retrying
 
 log = logging.getLogger(__name__)
 
 # A consumer re-reads metadata this often, so a topic recreated on a restarted broker is
 # picked up quickly.
 METADATA_MAX_AGE_MS = 5_000
+# How long closing a producer waits for the broker to acknowledge what it holds.
+PRODUCER_CLOSE_GRACE_S = 5.0
 
 
 def make_producer(bootstrap: str, *, idempotent: bool) -> AIOKafkaProducer:
@@ -30,14 +35,25 @@ def make_producer(bootstrap: str, *, idempotent: bool) -> AIOKafkaProducer:
 
 
 def make_consumer(
-    bootstrap: str, *topics: str, group_id: str, fetch_bytes: int = 256 * 1024
+    bootstrap: str,
+    *topics: str,
+    group_id: str,
+    fetch_bytes: int = 256 * 1024,
+    group_instance_id: str | None = None,
+    session_timeout_ms: int = 10_000,
 ) -> AIOKafkaConsumer:
     """Manual commits only: the worker commits its watermark itself. ``fetch_bytes`` bounds
-    what the client prefetches per partition (and, ten times over, per fetch)."""
+    what the client prefetches per partition (and, ten times over, per fetch). With
+    ``group_instance_id`` the consumer is a static member (KIP-345): it does not leave the
+    group when it stops, and the same id rejoining within the session timeout takes its
+    partitions back without a rebalance."""
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=bootstrap,
         group_id=group_id,
+        group_instance_id=group_instance_id,
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=min(3_000, session_timeout_ms // 3),
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         metadata_max_age_ms=METADATA_MAX_AGE_MS,
@@ -66,6 +82,18 @@ async def ensure_topics(
         await admin.close()
 
 
+async def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    """Delete the topics that exist (others are ignored)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        if doomed := [t for t in topics if t in existing]:
+            await admin.delete_topics(doomed)
+    finally:
+        await admin.close()
+
+
 async def cluster_id(bootstrap: str) -> str | None:
     """The broker cluster's id; a new id means a new log (the old records are gone)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
@@ -82,14 +110,23 @@ async def described_cluster_id(admin: AIOKafkaAdminClient) -> str | None:
     return str(found) if found is not None else None
 
 
-async def close_client(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
+async def close_client(
+    client: AIOKafkaConsumer | AIOKafkaProducer, *, grace_s: float = PRODUCER_CLOSE_GRACE_S
+) -> None:
     """Stop a client even while the broker is down.
 
-    aiokafka's consumer can leak the CancelledError of its own fetch task out of ``stop()``;
-    that is swallowed here unless our task itself is being cancelled.
+    A producer's ``stop()`` waits for every record it holds to be acknowledged, and
+    aiokafka's idempotent producer never expires a record (it retries until the broker takes
+    it): with the broker down that wait has no end. After ``grace_s`` what the producer
+    still holds is failed, unacknowledged, and the caller sends it again. aiokafka's
+    consumer can leak the CancelledError of its own fetch task out of ``stop()``; that is
+    swallowed here unless our task itself is being cancelled.
     """
     try:
-        await client.stop()
+        if isinstance(client, AIOKafkaProducer):
+            await _stop_producer(client, grace_s)
+        else:
+            await client.stop()
     except KafkaError as exc:
         log.warning("closing a Kafka client: %r", exc)
     except asyncio.CancelledError:
@@ -98,15 +135,47 @@ async def close_client(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
             raise
 
 
-class GroupReader:
-    """A consumer with a group's id that never joins the group: it reads the group's
-    committed offsets and the topic's first and end offsets. Started on first use; after a
-    broker error the caller closes it and the next use starts a fresh one."""
+async def _stop_producer(producer: AIOKafkaProducer, grace_s: float) -> None:
+    stopping = asyncio.ensure_future(producer.stop())
+    try:
+        done, _ = await asyncio.wait([stopping], timeout=grace_s)
+    except asyncio.CancelledError:
+        _abandon(producer)  # its stop goes on, and ends soon, after we are gone
+        raise
+    if not done:
+        log.warning("records not acknowledged in %.0f s: failing them", grace_s)
+        _abandon(producer)
+    await stopping
 
-    def __init__(self, bootstrap: str, group_id: str) -> None:
+
+def _abandon(producer: AIOKafkaProducer) -> None:
+    """Stop the producer's sender (its ``stop()`` then goes on to close the connections) and
+    fail every record it still holds, so that nothing waits on them. aiokafka has no public
+    way to give up on an idempotent producer's records."""
+    task = producer._sender.sender_task
+    if task is not None:
+        task.cancel()
+    producer._message_accumulator.fail_all(
+        KafkaTimeoutError("the producer closed before the broker acknowledged it")
+    )
+
+
+class GroupReader:
+    """Reads a group's committed offsets and a topic's first and end offsets, never joining
+    the group. Committed offsets come from the admin API (``via="admin"``: OffsetFetch for
+    the group, as ``kafka-consumer-groups.sh --describe`` reads them) or from a consumer with
+    the group's id (``via="consumer"``, for a broker that answers only that). Its clients
+    start on first use; after a broker error the caller closes it and the next use starts
+    fresh ones."""
+
+    def __init__(
+        self, bootstrap: str, group_id: str, *, via: Literal["admin", "consumer"] = "admin"
+    ) -> None:
         self._bootstrap = bootstrap
         self._group_id = group_id
+        self._via = via
         self._consumer: AIOKafkaConsumer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
 
     async def consumer(self) -> AIOKafkaConsumer:
         if self._consumer is None:
@@ -124,7 +193,43 @@ class GroupReader:
             self._consumer = consumer
         return self._consumer
 
+    async def admin(self) -> AIOKafkaAdminClient:
+        if self._admin is None:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap, request_timeout_ms=5_000)
+            try:
+                await admin.start()
+            except BaseException:
+                await admin.close()
+                raise
+            self._admin = admin
+        return self._admin
+
+    async def committed(self, topic: str, partitions: int) -> dict[int, int]:
+        """The group's committed offset of each partition of ``topic`` (0 where none)."""
+        parts = [TopicPartition(topic, p) for p in range(partitions)]
+        if self._via == "consumer":
+            consumer = await self.consumer()
+            return {tp.partition: (await consumer.committed(tp)) or 0 for tp in parts}
+        admin = await self.admin()
+        # The group's coordinator may be loading or not elected yet (on a new cluster, the
+        # first lookup creates the offsets topic): the broker says to retry.
+        found = await retrying(
+            "group offsets",
+            lambda: admin.list_consumer_group_offsets(self._group_id, partitions=parts),
+            attempts=8,
+            first_wait_s=0.05,
+            max_wait_s=0.5,
+            transient=retriable_broker_error,
+        )
+        return {tp.partition: max(found[tp].offset, 0) if tp in found else 0 for tp in parts}
+
     async def close(self) -> None:
         consumer, self._consumer = self._consumer, None
+        admin, self._admin = self._admin, None
         if consumer is not None:
             await close_client(consumer)
+        if admin is not None:
+            try:
+                await admin.close()
+            except KafkaError as exc:
+                log.warning("closing a Kafka admin client: %r", exc)

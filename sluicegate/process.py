@@ -17,6 +17,8 @@ def configure_logging(settings: Settings) -> None:
     )
     for noisy in ("aiokafka", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # A few lines per rebalance: joins, the elected leader, revoked and assigned partitions.
+    logging.getLogger("aiokafka.consumer.group_coordinator").setLevel(logging.INFO)
 
 
 def run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:

@@ -11,9 +11,11 @@ error is raised when the attempts run out, for the caller's loop to back off fur
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from tenacity import (
@@ -21,7 +23,6 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_after_attempt,
-    wait_random_exponential,
 )
 
 from sluicegate.metrics import DATABASE_RETRIES
@@ -29,6 +30,9 @@ from sluicegate.metrics import DATABASE_RETRIES
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# The jitter's own generator: the process-wide ``random`` stays the caller's.
+_JITTER = random.Random()
 
 SQLSTATES = {"40P01": "deadlock", "40001": "serialization_failure"}
 
@@ -56,6 +60,12 @@ def count(operation: str, exc: BaseException) -> str | None:
     return kind
 
 
+def retriable_broker_error(exc: BaseException) -> str | None:
+    """The name of a Kafka error the broker says to retry (a coordinator still loading or
+    moving, a leader not elected yet), or None."""
+    return type(exc).__name__ if isinstance(exc, KafkaError) and exc.retriable else None
+
+
 async def retrying(
     operation: str,
     op: Callable[[], Awaitable[T]],
@@ -63,19 +73,25 @@ async def retrying(
     attempts: int = 5,
     first_wait_s: float = 0.02,
     max_wait_s: float = 1.0,
+    transient: Callable[[BaseException], str | None] = transient_error,
 ) -> T:
-    """``op()``, run again after a transient database error, at most ``attempts`` times."""
+    """``op()``, run again after a transient error, at most ``attempts`` times. Transient
+    are the database errors of ``transient_error`` (counted), or what ``transient`` says."""
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         if exc is not None:
-            kind = count(operation, exc)
+            kind = count(operation, exc) if transient is transient_error else transient(exc)
             log.warning("%s: %s, retrying (attempt %d)", operation, kind, state.attempt_number)
+
+    def wait(state: RetryCallState) -> float:
+        """Full jitter: a random share of an exponential step, capped."""
+        return _JITTER.uniform(0, min(first_wait_s * 2 ** (state.attempt_number - 1), max_wait_s))
 
     async for attempt in AsyncRetrying(
         stop=stop_after_attempt(attempts),
-        wait=wait_random_exponential(multiplier=first_wait_s, max=max_wait_s),
-        retry=retry_if_exception(lambda exc: transient_error(exc) is not None),
+        wait=wait,
+        retry=retry_if_exception(lambda exc: transient(exc) is not None),
         before_sleep=before_sleep,
         reraise=True,
     ):

@@ -1,8 +1,9 @@
 """Real services for every integration test.
 
 Each service comes from, in order: an explicit URL in the environment, testcontainers when a
-Docker engine answers, else the embedded stack. Every test gets its own database (a clone of
-a migrated template), its own topics and its own consumer group.
+Docker engine answers, else the embedded stack (PostgreSQL, and Apache Kafka from the pulled
+jars, or Tansu with SLUICEGATE_TEST_BROKER=tansu). Every test gets its own database (a clone
+of a migrated template), its own topics (deleted after it) and its own consumer group.
 """
 
 from __future__ import annotations
@@ -23,9 +24,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sluicegate import migrate
 from sluicegate.db import libpq_url, make_engine
-from sluicegate.kafka import ensure_topics
-from sluicegate.local.embedded import EmbeddedBroker, EmbeddedPostgres
+from sluicegate.kafka import delete_topics, ensure_topics
+from sluicegate.local.broker.apache import ApacheKafka
+from sluicegate.local.broker.tansu import TansuBroker
+from sluicegate.local.embedded import EmbeddedPostgres
 from sluicegate.settings import Settings
+from tests import brokers
+
+# The image of the version the embedded broker and docker-compose.yml run.
+KAFKA_IMAGE = "apache/kafka:4.1.2"
 
 
 @functools.cache
@@ -102,25 +109,39 @@ async def database_url(pg_admin_url: str, template_database: str) -> AsyncIterat
 def kafka_is_tansu() -> bool:
     if os.environ.get("SLUICEGATE_TEST_KAFKA_BOOTSTRAP"):
         return os.environ.get("SLUICEGATE_TEST_KAFKA_IS_TANSU") == "1"
-    return not _docker_answers()
+    return not _docker_answers() and brokers.default_kind() == "tansu"
 
 
 @pytest.fixture(scope="session")
-async def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+async def kafka_bootstrap(
+    kafka_is_tansu: bool, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
     if bootstrap := os.environ.get("SLUICEGATE_TEST_KAFKA_BOOTSTRAP"):
         yield bootstrap
     elif _docker_answers():
         from testcontainers.kafka import KafkaContainer
 
-        with KafkaContainer().with_kraft() as container:
+        with KafkaContainer(KAFKA_IMAGE).with_kraft() as container:
             yield container.get_bootstrap_server()
     else:
-        broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("broker") / "broker.log")
+        root = tmp_path_factory.mktemp("broker")
+        broker = brokers.make("tansu" if kafka_is_tansu else "kafka", root)
         await broker.start()
         try:
             yield broker.bootstrap
         finally:
             broker.stop()
+
+
+@pytest.fixture(scope="session")
+async def tansu_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    """A Tansu broker for the session's tests of the fallback (started when one asks)."""
+    broker = brokers.tansu(tmp_path_factory.mktemp("tansu"))
+    await broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
 
 
 @pytest.fixture
@@ -135,7 +156,7 @@ async def settings(
     kafka_is_tansu: bool,
     topic_prefix: str,
     tmp_path: Path,
-) -> Settings:
+) -> AsyncIterator[Settings]:
     s = Settings(
         database_url=database_url,
         kafka_bootstrap_servers=kafka_bootstrap,
@@ -143,22 +164,48 @@ async def settings(
         events_topic=f"{topic_prefix}.events",
         dead_letter_topic=f"{topic_prefix}.deadletter",
         consumer_group=f"{topic_prefix}-workers",
-        kafka_idempotent_producer=not kafka_is_tansu,
-        kafka_exact_end_offsets=not kafka_is_tansu,
         partitions=4,
         data_dir=tmp_path,
         # The features under test, not authentication: the tenant comes from the header.
         # tests/integration/test_tenancy.py runs the API with keys.
         auth="tenant_header",
+        **(brokers.tansu_settings() if kafka_is_tansu else {}),
     )
     await ensure_topics(kafka_bootstrap, s.topic_partitions())
-    return s
+    yield s
+    # Many hundred tests share a broker: each takes its topics with it.
+    await delete_topics(kafka_bootstrap, list(s.topic_partitions()))
 
 
 @pytest.fixture
-async def broker(tmp_path: Path) -> AsyncIterator[EmbeddedBroker]:
-    """A broker of the test's own, to kill and restart."""
-    own = EmbeddedBroker(log_path=tmp_path / "broker.log")
+async def tansu_settings(settings: Settings, tansu_bootstrap: str) -> AsyncIterator[Settings]:
+    """The test's settings on the session's Tansu broker, with the fallback's workarounds."""
+    s = settings.model_copy(
+        update={"kafka_bootstrap_servers": tansu_bootstrap, **brokers.tansu_settings()}
+    )
+    await ensure_topics(tansu_bootstrap, s.topic_partitions())
+    yield s
+    await delete_topics(tansu_bootstrap, list(s.topic_partitions()))
+
+
+@pytest.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[ApacheKafka]:
+    """An Apache Kafka broker of the test's own, to kill and restart (on its log)."""
+    own = brokers.apache_kafka(tmp_path / "kafka")
+    await own.start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture(params=["kafka", "tansu"])
+async def lossy_broker(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[ApacheKafka | TansuBroker]:
+    """A broker of the test's own that will lose its log (``brokers.restart_on_a_lost_log``):
+    Apache Kafka, whose disk is lost, and Tansu, which loses it at every restart."""
+    own = brokers.make(request.param, tmp_path / request.param)
     await own.start()
     try:
         yield own

@@ -104,6 +104,8 @@ async def start_consumer(settings: Settings, stop: asyncio.Event) -> AIOKafkaCon
             settings.require_kafka(),
             group_id=settings.consumer_group,
             fetch_bytes=settings.worker_fetch_bytes,
+            group_instance_id=settings.worker_group_instance_id,
+            session_timeout_ms=settings.worker_session_timeout_ms,
         )
         try:
             await consumer.start()

@@ -4,8 +4,8 @@ of the reading from PostgreSQL (``LagRepository``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
-from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -15,9 +15,10 @@ from sluicegate.kafka import GroupReader
 
 
 class KafkaLagSource:
-    """Committed offsets from the broker (a consumer with the group id and ``committed()``; it
-    never joins the group), then in one PostgreSQL snapshot: the ends from the relay's record,
-    the unpublished jobs and (``count_open``) the jobs not yet ended past the commit points."""
+    """Committed offsets from the broker (``GroupReader``: the admin API, or a consumer with
+    the group's id that never joins it), then in one PostgreSQL snapshot: the ends from the
+    relay's record, the unpublished jobs and (``count_open``) the jobs not yet ended past the
+    commit points."""
 
     def __init__(
         self,
@@ -28,10 +29,11 @@ class KafkaLagSource:
         group_id: str,
         partitions: int,
         count_open: bool = True,
+        group_offsets: Literal["admin", "consumer"] = "admin",
     ) -> None:
         self._topic = topic
         self._partitions = partitions
-        self._reader = GroupReader(bootstrap, group_id)
+        self._reader = GroupReader(bootstrap, group_id, via=group_offsets)
         self._repository = LagRepository(
             db, topic=topic, partitions=partitions, count_open=count_open
         )
@@ -45,16 +47,11 @@ class KafkaLagSource:
 
     async def committed(self) -> dict[int, int]:
         """The worker group's committed offset per partition (0 where none)."""
-        consumer = await self._reader.consumer()
-        committed: dict[int, int] = {}
         try:
-            for partition in range(self._partitions):
-                offset = await consumer.committed(TopicPartition(self._topic, partition))
-                committed[partition] = offset or 0
+            return await self._reader.committed(self._topic, self._partitions)
         except (KafkaError, OSError):
             await self.close()
             raise
-        return committed
 
     async def close(self) -> None:
         await self._reader.close()

@@ -12,11 +12,14 @@ from sluicegate.settings import Settings
 
 
 class LogReader:
-    """Reads a LogView with a consumer that has the worker group's id and never joins it."""
+    """Reads a LogView: first and end offsets with a consumer that never joins a group, the
+    worker group's commit points as ``kafka_group_offsets`` says (``GroupReader``)."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._reader = GroupReader(settings.require_kafka(), settings.consumer_group)
+        self._reader = GroupReader(
+            settings.require_kafka(), settings.consumer_group, via=settings.kafka_group_offsets
+        )
 
     async def read(self) -> LogView:
         s = self._settings
@@ -26,7 +29,7 @@ class LogReader:
             found = await cluster_id(s.require_kafka())
             first = await consumer.beginning_offsets(parts)
             end = await consumer.end_offsets(parts)
-            committed = {tp.partition: (await consumer.committed(tp)) or 0 for tp in parts}
+            committed = await self._reader.committed(s.dispatch_topic, s.partitions)
         except (KafkaError, OSError):
             await self.close()
             raise

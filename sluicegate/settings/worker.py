@@ -81,6 +81,20 @@ class WorkerSettings(SettingsGroup):
         description="Bytes a worker's consumer fetches per partition at once (bounds the "
         "client's prefetch of records it has not taken yet).",
     )
+    worker_group_instance_id: str | None = Field(
+        default=None,
+        description="Static membership of the worker group (KIP-345): a stable id, unique in "
+        "the group. A worker restarted with the same id within `worker_session_timeout_ms` "
+        "gets its partitions back without a rebalance of the group; a stopped one keeps them "
+        "until that timeout passes. Unset: a dynamic member. `sluicegate up` gives its "
+        "workers `worker-1`, `worker-2`, ...",
+    )
+    worker_session_timeout_ms: int = Field(
+        default=10_000,
+        ge=1_000,
+        description="The worker group's session timeout: a worker silent this long is taken "
+        "out of the group and its partitions go to the others.",
+    )
     drain_timeout_s: float = Field(
         default=20.0,
         gt=0,

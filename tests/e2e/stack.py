@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ import httpx
 import psutil
 
 from sluicegate.local.embedded import free_port
+from tests import brokers
 
 STARTUP_S = 90
 
@@ -27,6 +29,7 @@ class RunningStack:
     log: IO[str]
     database_url: str = ""
     bootstrap: str = ""
+    broker: dict[str, object] = field(default_factory=dict)  # stack.json's "broker"
     headers: dict[str, str] = field(default_factory=dict)  # the local API key
     output: list[str] = field(default_factory=list)
     descendants: list[psutil.Process] = field(default_factory=list)
@@ -44,6 +47,20 @@ class RunningStack:
             self.log.close()
 
 
+def stack_env(data_dir: Path) -> dict[str, str]:
+    """What a test's `up` or `demo` runs with: its own data directory and, on the suite's
+    broker (SLUICEGATE_TEST_BROKER), Apache Kafka from the jars pulled once for every test."""
+    env = {**os.environ, "SLUICEGATE_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    for key in ("SLUICEGATE_DATABASE_URL", "SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS"):
+        env.pop(key, None)
+    kind = brokers.default_kind()
+    env.setdefault("SLUICEGATE_BROKER", kind)
+    if kind == "kafka":
+        env.setdefault("SLUICEGATE_KAFKA_HOME", str(brokers.kafka_home()))
+        env.setdefault("SLUICEGATE_KAFKA_HEAP_MB", str(brokers.HEAP_MB))
+    return env
+
+
 def start_stack(
     data_dir: Path,
     *,
@@ -53,15 +70,11 @@ def start_stack(
 ) -> RunningStack:
     port = free_port()
     env = {
-        **os.environ,
-        "SLUICEGATE_DATA_DIR": str(data_dir),
+        **stack_env(data_dir),
         "SLUICEGATE_API_PORT": str(port),
-        "PYTHONUNBUFFERED": "1",
         "COLUMNS": "200",
         **(extra_env or {}),
     }
-    for key in ("SLUICEGATE_DATABASE_URL", "SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS"):
-        env.pop(key, None)
     out = data_dir / "up.out"
     seen = out.stat().st_size if out.exists() else 0  # a restart appends to the same file
     log = open(out, "a")  # noqa: SIM115
@@ -78,7 +91,9 @@ def start_stack(
         text = out.read_text()[seen:]
         if "sluicegate is up" in text:
             stack.database_url = re.search(r"database\s+(\S+)", text).group(1)
-            stack.bootstrap = re.search(r"kafka\s+(\S+)", text).group(1)
+            info = json.loads((data_dir / "stack.json").read_text())
+            stack.bootstrap = info["kafka"]
+            stack.broker = info["broker"]
             # The stack made its own key for the default tenant, as a user's would.
             key = (data_dir / "api_key").read_text().strip()
             stack.headers = {"Authorization": f"Bearer {key}"}

@@ -1,7 +1,8 @@
-"""The broker dies and comes back empty while the relay and a worker run (the embedded
-broker keeps its log in memory): jobs accepted but not yet published, jobs dispatched but
-not started, and jobs decoding all end exactly once; the processes are not restarted, and
-the reconciler in the relay process finds the jobs whose dispatch record is gone."""
+"""The broker dies and comes back empty while the relay and a worker run (Tansu keeps its log
+in memory; Apache Kafka here loses its disk): jobs accepted but not yet published, jobs
+dispatched but not started, and jobs decoding all end exactly once; the processes are not
+restarted, and the reconciler in the relay process finds the jobs whose dispatch record is
+gone."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from schemas.states import TERMINAL_STATES
 from schemas.tables import outbox
 from sluicegate.kafka import ensure_topics
-from sluicegate.local.embedded import EmbeddedBroker
+from sluicegate.local.broker.apache import ApacheKafka
+from sluicegate.local.broker.tansu import TansuBroker
 from sluicegate.settings import Settings
+from tests.brokers import on_broker, restart_on_a_lost_log
 from tests.faults.processes import roles
 from tests.faults.test_worker_kill import DOC, _terminal_event, states, until
 from tests.integration.serving import serve
@@ -42,11 +45,10 @@ async def submit(api: object, count: int) -> list[str]:
 
 
 async def test_the_broker_restarts_empty_while_workers_run(
-    settings: Settings, db: AsyncEngine, broker: EmbeddedBroker, tmp_path: Path
+    settings: Settings, db: AsyncEngine, lossy_broker: ApacheKafka | TansuBroker, tmp_path: Path
 ) -> None:
-    own = settings.model_copy(
-        update={"kafka_bootstrap_servers": broker.bootstrap, "reconcile_interval_s": 1.0}
-    )
+    broker = lossy_broker
+    own = on_broker(settings, broker).model_copy(update={"reconcile_interval_s": 1.0})
     await ensure_topics(broker.bootstrap, own.topic_partitions())
     terminal = {s.value for s in TERMINAL_STATES}
     with roles(own, tmp_path) as started:
@@ -66,7 +68,7 @@ async def test_the_broker_restarts_empty_while_workers_run(
             broker.kill()  # every record, offset and group is gone
             relay.process.send_signal(signal.SIGCONT)
             await asyncio.sleep(2.0)  # the relay and the worker meet a dead broker
-            await broker.restart()
+            await restart_on_a_lost_log(broker)
             await ensure_topics(broker.bootstrap, own.topic_partitions())
 
             await until(db, ids, lambda s: all(st in terminal for st, _ in s.values()), 180)

@@ -52,6 +52,20 @@ class Pipeline:
             ids.append(r.json()["id"])
         return ids
 
+    async def submit_admitted(self, count: int, within_s: float = 30) -> list[str]:
+        """As a client would submit through a broker outage: a refusal while the lag cannot
+        be read (503, ``broker_unavailable``) is retried after its Retry-After."""
+        ids = []
+        async with asyncio.timeout(within_s):
+            while len(ids) < count:
+                r = await self.client.post("/v1/jobs", json={"kind": "summarize", "input": DOC})
+                if r.status_code == 503 and r.json()["reason"] == "broker_unavailable":
+                    await asyncio.sleep(r.json()["retry_after_ms"] / 1000)
+                    continue
+                assert r.status_code == 202, r.text
+                ids.append(r.json()["id"])
+        return ids
+
     async def wait_terminal(self, ids: list[str], timeout_s: float = 60) -> dict[str, dict]:
         views: dict[str, dict] = {}
         async with asyncio.timeout(timeout_s):

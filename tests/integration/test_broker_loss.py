@@ -11,25 +11,26 @@ from producers.service import run_relay
 from schemas.tables import outbox
 from sluicegate.db import make_engine
 from sluicegate.kafka import ensure_topics
-from sluicegate.local.embedded import EmbeddedBroker
+from sluicegate.local.broker.apache import ApacheKafka
+from sluicegate.local.broker.tansu import TansuBroker
 from sluicegate.settings import Settings
+from tests.brokers import on_broker, restart_on_a_lost_log
 from tests.integration.pipeline import open_pipeline
 from workers.service import run_worker
 
 
 async def test_broker_killed_between_accept_and_dispatch(
-    settings: Settings, broker: EmbeddedBroker
+    settings: Settings, lossy_broker: ApacheKafka | TansuBroker
 ) -> None:
-    own = settings.model_copy(
-        update={"kafka_bootstrap_servers": broker.bootstrap, "sim_time_scale": 0.05}
-    )
+    broker = lossy_broker
+    own = on_broker(settings, broker).model_copy(update={"sim_time_scale": 0.05})
     async for pipeline in open_pipeline(own):
         pipeline.start_restartable(run_relay)
         pipeline.start_restartable(run_worker)
         before = await pipeline.submit(5)
         await pipeline.wait_terminal(before)
 
-        broker.kill()  # memory storage: every record and offset is gone
+        broker.kill()  # and its log with it: every record and offset is gone
         accepted = await pipeline.submit(10)  # the API needs only PostgreSQL
         await asyncio.sleep(1.0)  # the relay fails to publish meanwhile
         # What `sluicegate up` does when its embedded broker dies: stop the relay and the
@@ -38,7 +39,7 @@ async def test_broker_killed_between_accept_and_dispatch(
         # new broker, create the topics, then start them again. The accepted jobs wait in
         # the outbox meanwhile.
         roles = await pipeline.stop_restartable()
-        await broker.restart()
+        await restart_on_a_lost_log(broker)
         await ensure_topics(broker.bootstrap, own.topic_partitions())
         for role in roles:
             pipeline.start_restartable(role)

@@ -102,7 +102,14 @@ def test_stack_json_is_read_while_its_up_lives(tmp_path: Path) -> None:
     stack_info.write_info(tmp_path, stack.info())
     info = stack_info.read_info(tmp_path)
     assert info is not None
-    assert set(info) == {"pid", "api", "database", "kafka", "metrics", "logs", "data_dir"}
+    assert set(info) == {"pid", "api", "database", "kafka", "broker", "metrics", "logs", "data_dir"}
+    # A broker given in the settings is not the stack's own.
+    assert info["broker"] == {
+        "kind": "external",
+        "version": None,
+        "bootstrap": "127.0.0.1:9092",
+        "pid": None,
+    }
     assert info["metrics"] == stack.metrics_urls()
     assert (info["database"], info["kafka"], info["logs"]) == (
         "postgresql://db",
