@@ -4,6 +4,7 @@ consumer group has committed the end of a topic."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -51,5 +52,29 @@ async def caught_up(
                 if all(committed[tp] >= ends[tp] for tp in parts):
                     return
                 await asyncio.sleep(0.3)
+    finally:
+        await consumer.stop()
+
+
+async def log_records(
+    bootstrap: str, topic: str, partitions: int, *, within_s: float = 30
+) -> tuple[dict[int, int], Counter[str]]:
+    """Each partition's first offset, and the topic's records by key, read from those first
+    offsets to the ends."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(parts)
+        first = await consumer.beginning_offsets(parts)
+        ends = await consumer.end_offsets(parts)
+        for tp in parts:
+            consumer.seek(tp, first[tp])
+        keys: Counter[str] = Counter()
+        async with asyncio.timeout(within_s):
+            while [tp for tp in parts if await consumer.position(tp) < ends[tp]]:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    keys.update(r.key.decode() for r in records if r.key is not None)
+        return {tp.partition: first[tp] for tp in parts}, keys
     finally:
         await consumer.stop()

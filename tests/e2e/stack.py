@@ -17,6 +17,7 @@ import httpx
 import psutil
 
 from sluicegate.local.embedded import free_port
+from sluicegate.samples import sample_documents
 from tests import brokers
 
 STARTUP_S = 90
@@ -107,6 +108,16 @@ def start_stack(
     raise AssertionError(f"sluicegate up did not start:\n{(data_dir / 'up.out').read_text()}")
 
 
+def wait_state(stack: RunningStack, ids: list[str], state: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=stack.api_url, headers=stack.headers, timeout=10) as client:
+        while time.monotonic() < deadline:
+            if all(client.get(f"/v1/jobs/{i}").json()["state"] == state for i in ids):
+                return
+            time.sleep(0.2)
+    raise AssertionError(f"not all {len(ids)} jobs {state} after {timeout_s}s")
+
+
 def wait_terminal(
     stack: RunningStack, ids: list[str], timeout_s: float = 120
 ) -> dict[str, dict[str, object]]:
@@ -124,3 +135,18 @@ def wait_terminal(
                 return views
             time.sleep(0.2)
     raise AssertionError(f"{len(ids) - len(views)} jobs not terminal after {timeout_s}s")
+
+
+def submit(stack: RunningStack, count: int) -> list[str]:
+    """``count`` summarize jobs of the bundled samples; each must be accepted."""
+    docs = [text for _, text in sample_documents()]
+    ids = []
+    with httpx.Client(base_url=stack.api_url, headers=stack.headers, timeout=10) as client:
+        for i in range(count):
+            response = client.post(
+                "/v1/jobs",
+                json={"kind": "summarize", "input": docs[i % len(docs)], "max_tokens": 60},
+            )
+            assert response.status_code == 202, response.text
+            ids.append(response.json()["id"])
+    return ids

@@ -70,8 +70,12 @@ logger.request.level = WARN
 
 
 def new_cluster_id() -> str:
-    """A cluster id as Kafka makes them: a random UUID, base64url without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A cluster id as Kafka makes them (``Uuid.randomUuid``): a random UUID, base64url
+    without padding, never starting with "-" (the storage tool would take it for a flag)."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not found.startswith("-"):
+            return found
 
 
 class ApacheKafka(BrokerProcess):

@@ -1,0 +1,65 @@
+"""kill -9 the worker that leads the consumer group (the member that computed the group's
+assignment) while it decodes: the broker evicts it after the session timeout, the group
+re-forms under a new leader, the dead leader's jobs run again elsewhere, and every job ends
+exactly once. (Tansu, the fallback broker, cannot re-form a group without its leader.)"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from sluicegate.settings import Settings
+from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until_states
+from tests.faults.processes import Role, roles
+from tests.integration.serving import serve
+
+pytestmark = pytest.mark.timeout(300)
+
+DOC = "The leader of a consumer group is only the member that computes the assignment. " * 6
+LEADS = "Elected group leader"
+ASSIGNED = re.compile(r"Setting newly assigned partitions \{")
+
+
+async def joined(role: Role, times: int = 1, within_s: float = 60) -> None:
+    async with asyncio.timeout(within_s):
+        while len(ASSIGNED.findall(role.output())) < times:
+            await asyncio.sleep(0.2)
+
+
+async def test_the_group_leader_killed_mid_decode_and_the_group_reforms(
+    settings: Settings, db: AsyncEngine, tmp_path: Path, kafka_is_tansu: bool
+) -> None:
+    if kafka_is_tansu:
+        pytest.skip("Tansu keeps an evicted leader and the group never forms again")
+    with roles(settings, tmp_path) as started:
+        started.start("relay")
+        slow = {"sim_time_scale": 3.0, "worker_max_running": 4}
+        leader = started.start("worker", worker_group_instance_id="worker-1", **slow)
+        await joined(leader)  # alone in the group: it leads it
+        others = [
+            started.start("worker", worker_group_instance_id=f"worker-{n}", **slow) for n in (2, 3)
+        ]
+        for other in others:
+            await joined(other)
+        # The joins rebalanced the group (once, or once each), led by the first again.
+        assert leader.output().count(LEADS) >= 2
+        assert not [o for o in others if LEADS in o.output()]
+
+        async with serve(settings, db) as api:
+            ids = await submit(api, 24, input=DOC, max_tokens=300, ttl_s=900)
+            await until_states(db, ids, lambda s: running(s) >= 6, 90)
+            leader.kill()
+            await until_states(db, ids, all_ended, 180)
+        new_leaders = [o for o in others if LEADS in o.output()]
+        assert len(new_leaders) == 1, "the group must re-form under one new leader"
+        for other in others:
+            assert other.process.poll() is None, other.output()[-2000:]
+
+    result = await outcome(settings, db, ids)
+    print(f"group leader killed: {result.summary()}")
+    exactly_once(result, ids)
+    assert result.taken_over > 0, "the leader decoded when it died: its jobs ran again"

@@ -1,0 +1,83 @@
+"""Static membership (KIP-345) on Apache Kafka: a worker with a `worker_group_instance_id`
+restarted within the session timeout gets its partitions back and the group does not
+rebalance (the other worker never revokes); without one, the same restart rebalances the
+group twice (the leave, then the join)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from sluicegate.settings import Settings
+from tests.faults.processes import Role, roles
+from tests.integration.serving import serve
+
+pytestmark = pytest.mark.timeout(180)
+
+ASSIGNED = re.compile(r"Setting newly assigned partitions (\{.*\}|set\(\)) for group")
+JOINED = re.compile(r"Joined group '[^']+' \(generation (\d+)\)")
+# Longer than the heartbeat interval (3 s): a rebalance would have reached the other worker.
+QUIET_S = 5.0
+
+
+async def assigned(role: Role, times: int = 1, within_s: float = 60) -> set[int]:
+    """The partitions of the ``times``-th assignment in the worker's log."""
+    async with asyncio.timeout(within_s):
+        while len(found := ASSIGNED.findall(role.output())) < times:
+            await asyncio.sleep(0.2)
+    return {int(p) for p in re.findall(r"partition=(\d+)", found[times - 1])}
+
+
+def generations(role: Role) -> list[int]:
+    return [int(g) for g in JOINED.findall(role.output())]
+
+
+@pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
+async def test_a_restarted_worker_takes_its_partitions_back(
+    settings: Settings, db: AsyncEngine, tmp_path: Path, static: bool, kafka_is_tansu: bool
+) -> None:
+    if kafka_is_tansu:
+        pytest.skip("static membership is Apache Kafka's (docs/operations.md, Brokers)")
+    ids = {"w1": "worker-1", "w2": "worker-2"} if static else {"w1": None, "w2": None}
+    with roles(settings, tmp_path) as started:
+        w1 = started.start("worker", worker_group_instance_id=ids["w1"])
+        await assigned(w1)
+        w2 = started.start("worker", worker_group_instance_id=ids["w2"])
+        held = await assigned(w2)
+        assert held, "two workers share four partitions"
+        await assigned(w1, times=2)  # the group rebalanced for w2's join
+        before = len(w1.output())
+        generation = generations(w1)[-1]
+
+        code, _ = w2.terminate(timeout_s=30)
+        assert code == 0
+        again = started.start("worker", worker_group_instance_id=ids["w2"])
+        taken = await assigned(again)
+        await asyncio.sleep(QUIET_S)
+        after = w1.output()[before:]
+
+        if static:
+            assert taken == held  # the same partitions
+            assert generations(again) == [generation]  # in the same generation
+            assert "Revoking previously assigned partitions" not in after, after
+            assert not generations(w1)[-1] > generation
+        else:
+            assert "Revoking previously assigned partitions" in after
+            assert generations(w1)[-1] > generation
+
+        # The group serves: jobs submitted now are run.
+        started.start("relay")
+        async with serve(settings, db) as api:
+            jobs = []
+            for _ in range(4):
+                r = await api.post("/v1/jobs", json={"kind": "summarize", "input": "Static."})
+                assert r.status_code == 202, r.text
+                jobs.append(r.json()["id"])
+            async with asyncio.timeout(60):
+                for job in jobs:
+                    while (await api.get(f"/v1/jobs/{job}")).json()["state"] != "succeeded":
+                        await asyncio.sleep(0.2)
