@@ -623,7 +623,6 @@ async def caught_up(bench: Bench, within_s: float) -> dict[str, Any]:
         topic=s.dispatch_topic,
         group_id=s.consumer_group,
         partitions=s.partitions,
-        group_offsets=s.kafka_group_offsets,
     )
     behind: dict[int, int] = {}
     deadline = time.monotonic() + within_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Literal
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -161,21 +161,17 @@ def _abandon(producer: AIOKafkaProducer) -> None:
 
 
 class GroupReader:
-    """Reads a group's committed offsets and a topic's first and end offsets, never joining
-    the group. Committed offsets come from the admin API (``via="admin"``: OffsetFetch for
-    the group, as ``kafka-consumer-groups.sh --describe`` reads them) or from a consumer with
-    the group's id (``via="consumer"``, for a broker that answers only that). Its clients
-    start on first use; after a broker error the caller closes it and the next use starts
-    fresh ones."""
+    """Reads a group's committed offsets through the admin API (OffsetFetch for the group's
+    partitions, as ``kafka-consumer-groups.sh --describe`` reads them), and a topic's first
+    and end offsets with a consumer that never joins a group. Its clients start on first
+    use; after a broker error the caller closes it and the next use starts fresh ones."""
 
-    def __init__(
-        self, bootstrap: str, group_id: str, *, via: Literal["admin", "consumer"] = "admin"
-    ) -> None:
+    def __init__(self, bootstrap: str, group_id: str) -> None:
         self._bootstrap = bootstrap
         self._group_id = group_id
-        self._via = via
         self._consumer: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None
+        self._coordinator: int | None = None  # the group coordinator's node, once found
 
     async def consumer(self) -> AIOKafkaConsumer:
         if self._consumer is None:
@@ -207,15 +203,12 @@ class GroupReader:
     async def committed(self, topic: str, partitions: int) -> dict[int, int]:
         """The group's committed offset of each partition of ``topic`` (0 where none)."""
         parts = [TopicPartition(topic, p) for p in range(partitions)]
-        if self._via == "consumer":
-            consumer = await self.consumer()
-            return {tp.partition: (await consumer.committed(tp)) or 0 for tp in parts}
         admin = await self.admin()
         # The group's coordinator may be loading or not elected yet (on a new cluster, the
         # first lookup creates the offsets topic): the broker says to retry.
         found = await retrying(
             "group offsets",
-            lambda: admin.list_consumer_group_offsets(self._group_id, partitions=parts),
+            lambda: self._offsets(admin, parts),
             attempts=8,
             first_wait_s=0.05,
             max_wait_s=0.5,
@@ -223,7 +216,24 @@ class GroupReader:
         )
         return {tp.partition: max(found[tp].offset, 0) if tp in found else 0 for tp in parts}
 
+    async def _offsets(
+        self, admin: AIOKafkaAdminClient, parts: list[TopicPartition]
+    ) -> dict[TopicPartition, Any]:
+        """OffsetFetch from the group's coordinator, looked up once (a lookup asks a node
+        picked with the process-wide ``random``) and again after an error."""
+        try:
+            if self._coordinator is None:
+                self._coordinator = await admin.find_coordinator(self._group_id)
+            found: dict[TopicPartition, Any] = await admin.list_consumer_group_offsets(
+                self._group_id, group_coordinator_id=self._coordinator, partitions=parts
+            )
+            return found
+        except KafkaError:
+            self._coordinator = None
+            raise
+
     async def close(self) -> None:
+        self._coordinator = None
         consumer, self._consumer = self._consumer, None
         admin, self._admin = self._admin, None
         if consumer is not None:

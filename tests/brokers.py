@@ -78,7 +78,6 @@ def on_broker(settings: Settings, broker: BrokerProcess) -> Settings:
         update.update(
             kafka_idempotent_producer=True,
             kafka_exact_end_offsets=True,
-            kafka_group_offsets="admin",
         )
     return settings.model_copy(update=update)
 

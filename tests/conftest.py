@@ -29,10 +29,7 @@ from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import TansuBroker
 from sluicegate.local.embedded import EmbeddedPostgres
 from sluicegate.settings import Settings
-from tests import brokers
-
-# The image of the version the embedded broker and docker-compose.yml run.
-KAFKA_IMAGE = "apache/kafka:4.1.2"
+from tests import brokers, containers
 
 
 @functools.cache
@@ -61,10 +58,8 @@ def pg_admin_url() -> Iterator[str]:
     if url := os.environ.get("SLUICEGATE_TEST_DATABASE_URL"):
         yield libpq_url(url)
     elif _docker_answers():
-        from testcontainers.postgres import PostgresContainer
-
-        with PostgresContainer("postgres:16", driver=None) as container:
-            yield libpq_url(container.get_connection_url())
+        with containers.postgres() as url:
+            yield libpq_url(url)
     else:
         # Not under pytest's basetemp: every pytest session that starts resets that root to
         # mode 0700, which (as root, where the server runs as its own user) would cut a
@@ -119,10 +114,8 @@ async def kafka_bootstrap(
     if bootstrap := os.environ.get("SLUICEGATE_TEST_KAFKA_BOOTSTRAP"):
         yield bootstrap
     elif _docker_answers():
-        from testcontainers.kafka import KafkaContainer
-
-        with KafkaContainer(KAFKA_IMAGE).with_kraft() as container:
-            yield container.get_bootstrap_server()
+        with containers.kafka() as bootstrap:
+            yield bootstrap
     else:
         root = tmp_path_factory.mktemp("broker")
         broker = brokers.make("tansu" if kafka_is_tansu else "kafka", root)

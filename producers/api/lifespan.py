@@ -172,7 +172,6 @@ def _own_source(settings: Settings, db: AsyncEngine) -> KafkaLagSource | SharedL
         group_id=settings.consumer_group,
         partitions=settings.partitions,
         count_open=settings.lag_measure == "open",
-        group_offsets=settings.kafka_group_offsets,
     )
     if settings.lag_reader == "own":
         return local

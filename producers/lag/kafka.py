@@ -4,7 +4,6 @@ of the reading from PostgreSQL (``LagRepository``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -15,10 +14,9 @@ from sluicegate.kafka import GroupReader
 
 
 class KafkaLagSource:
-    """Committed offsets from the broker (``GroupReader``: the admin API, or a consumer with
-    the group's id that never joins it), then in one PostgreSQL snapshot: the ends from the
-    relay's record, the unpublished jobs and (``count_open``) the jobs not yet ended past the
-    commit points."""
+    """Committed offsets from the broker (``GroupReader``: the admin API), then in one
+    PostgreSQL snapshot: the ends from the relay's record, the unpublished jobs and
+    (``count_open``) the jobs not yet ended past the commit points."""
 
     def __init__(
         self,
@@ -29,11 +27,10 @@ class KafkaLagSource:
         group_id: str,
         partitions: int,
         count_open: bool = True,
-        group_offsets: Literal["admin", "consumer"] = "admin",
     ) -> None:
         self._topic = topic
         self._partitions = partitions
-        self._reader = GroupReader(bootstrap, group_id, via=group_offsets)
+        self._reader = GroupReader(bootstrap, group_id)
         self._repository = LagRepository(
             db, topic=topic, partitions=partitions, count_open=count_open
         )

@@ -13,13 +13,11 @@ from sluicegate.settings import Settings
 
 class LogReader:
     """Reads a LogView: first and end offsets with a consumer that never joins a group, the
-    worker group's commit points as ``kafka_group_offsets`` says (``GroupReader``)."""
+    worker group's commit points through the admin API (``GroupReader``)."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._reader = GroupReader(
-            settings.require_kafka(), settings.consumer_group, via=settings.kafka_group_offsets
-        )
+        self._reader = GroupReader(settings.require_kafka(), settings.consumer_group)
 
     async def read(self) -> LogView:
         s = self._settings

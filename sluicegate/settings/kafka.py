@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -55,11 +55,4 @@ class KafkaSettings(SettingsGroup):
         description="Whether the broker's ListOffsets end is exact (the high watermark of "
         "acknowledged records), as Apache Kafka's is; Tansu's can trail by a record batch. "
         "Off, the reconciler does not take a record at or past the end for a lost one.",
-    )
-    kafka_group_offsets: Literal["admin", "consumer"] = Field(
-        default="admin",
-        description="How the lag reader and the reconciler read the worker group's committed "
-        "offsets: `admin` (the admin API's OffsetFetch for the group, what "
-        "`kafka-consumer-groups.sh --describe` shows) or `consumer` (a consumer with the "
-        "group's id that never joins; the embedded Tansu broker answers only that).",
     )

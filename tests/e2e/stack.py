@@ -16,8 +16,10 @@ from typing import IO
 import httpx
 import psutil
 
+from sluicegate.local.broker import dist
 from sluicegate.local.embedded import free_port
 from sluicegate.samples import sample_documents
+from sluicegate.settings import Settings
 from tests import brokers
 
 STARTUP_S = 90
@@ -56,7 +58,8 @@ def stack_env(data_dir: Path) -> dict[str, str]:
         env.pop(key, None)
     kind = brokers.default_kind()
     env.setdefault("SLUICEGATE_BROKER", kind)
-    if kind == "kafka":
+    if kind == "kafka" or dist.is_pulled(dist.kafka_home(Settings().data_dir)):
+        # For the tests that ask for Apache Kafka by name on a Tansu run too.
         env.setdefault("SLUICEGATE_KAFKA_HOME", str(brokers.kafka_home()))
         env.setdefault("SLUICEGATE_KAFKA_HEAP_MB", str(brokers.HEAP_MB))
     return env

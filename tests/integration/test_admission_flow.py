@@ -141,7 +141,6 @@ async def test_open_lag_leaves_out_records_of_ended_jobs(pipeline: Pipeline) -> 
             group_id=s.consumer_group,
             partitions=s.partitions,
             count_open=count_open,
-            group_offsets=s.kafka_group_offsets,
         )
         for count_open in (True, False)
     ]

@@ -2,10 +2,13 @@
 fetched: ``java -cp 'libs/*' kafka.Kafka server.properties``, one process that is both broker
 and controller, its log in a folder that outlives it.
 
-The log is formatted once (``kafka.tools.StorageTool format --standalone``, which gives it a
-cluster id); every later start runs on the same log, so records, committed offsets and the
-group survive a restart. A stop is SIGTERM: the JVM's shutdown hook makes a controlled
-shutdown (the log is flushed and closed cleanly) and the process exits.
+The log is formatted once (``kafka.tools.StorageTool format``, which gives it a cluster id);
+every later start runs on the same log, so records, committed offsets and the group survive a
+restart. The quorum is the one static voter, this node (``controller.quorum.voters``), as in
+docker-compose.yml, whose image formats its storage the same way; the controller's address is
+read from the settings at each start, so a restart may take other ports. A stop is SIGTERM:
+the JVM's shutdown hook makes a controlled shutdown (the log is flushed and closed cleanly)
+and the process exits.
 """
 
 from __future__ import annotations
@@ -34,9 +37,12 @@ SHARED_SETTINGS = {
     "transaction.state.log.min.isr": "1",
     "share.coordinator.state.topic.replication.factor": "1",
     "share.coordinator.state.topic.min.isr": "1",
+    "default.replication.factor": "1",
+    "min.insync.replicas": "1",
+    # A group forms as soon as its first member joins (the default waits 3 s for more).
     "group.initial.rebalance.delay.ms": "0",
+    # Topics are made by the relay and the webhook dispatcher, never by a client naming one.
     "auto.create.topics.enable": "false",
-    "num.partitions": "4",
 }
 
 # Two cores: fewer request-handling threads than the defaults (3 network, 8 I/O).
@@ -120,7 +126,7 @@ class ApacheKafka(BrokerProcess):
             **LOCAL_SETTINGS,
             "listeners": listeners,
             "advertised.listeners": listeners,
-            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
             "log.dirs": str(self.data),
         }
 
@@ -163,13 +169,7 @@ class ApacheKafka(BrokerProcess):
         if not self.new_log:
             return
         command = self._java(
-            "kafka.tools.StorageTool",
-            "format",
-            "--standalone",
-            "-t",
-            new_cluster_id(),
-            "-c",
-            str(config),
+            "kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(config)
         )
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:

@@ -13,11 +13,10 @@ from sluicegate.local.embedded import free_port
 VERSION = "0.6"
 
 # What a client must be told to run on Tansu (SLUICEGATE_* names): no idempotent producer,
-# an end offset that can trail the last record, group offsets only through a consumer.
+# and an end offset that can trail the last record.
 WORKAROUNDS = {
     "KAFKA_IDEMPOTENT_PRODUCER": "false",
     "KAFKA_EXACT_END_OFFSETS": "false",
-    "KAFKA_GROUP_OFFSETS": "consumer",
 }
 
 

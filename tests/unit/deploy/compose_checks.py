@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from sluicegate.local.broker.apache import SHARED_SETTINGS
+from sluicegate.local.broker.dist import KAFKA_VERSION
 from tests.unit.deploy.files import (
     ONE_SHOT,
     ROOT,
@@ -107,6 +109,19 @@ def check_kafka_kraft(compose: Compose) -> None:
     assert e["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
     assert e["KAFKA_LOG_DIRS"] in named_mount_targets(kafka), "the log dirs are not on a volume"
     assert "zookeeper" not in yaml.safe_dump(compose).lower()
+
+
+def check_kafka_is_the_tested_one(compose: Compose) -> None:
+    """The broker of the compose file is the version the tests run and `sluicegate kafka
+    pull` fetches, with the broker settings the tests run it with."""
+    kafka = compose["services"]["kafka"]
+    assert kafka["image"] == f"apache/kafka:{KAFKA_VERSION}", kafka["image"]
+    e = env(kafka)
+    for key, value in SHARED_SETTINGS.items():
+        name = "KAFKA_" + key.upper().replace(".", "_")
+        assert e.get(name) == value, f"{name} is {e.get(name)!r}; the tests run with {value!r}"
+    # One static voter, itself, as the embedded broker runs (controller.quorum.voters).
+    assert e["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{e['KAFKA_NODE_ID']}@kafka:9093"
 
 
 def check_sluicegate_env(compose: Compose) -> None:
@@ -305,6 +320,7 @@ COMPOSE_CHECKS: list[Callable[[Compose], None]] = [
     check_cli_roles,
     check_settings,
     check_kafka_kraft,
+    check_kafka_is_the_tested_one,
     check_sluicegate_env,
     check_partitions,
     check_roles_wait_for_migrations,

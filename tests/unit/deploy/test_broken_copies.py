@@ -17,6 +17,7 @@ from tests.unit.deploy.compose_checks import (
     check_dockerfile,
     check_dockerignore,
     check_gpu_workers,
+    check_kafka_is_the_tested_one,
     check_kafka_kraft,
     check_lifecycle,
     check_metrics_endpoints,
@@ -164,6 +165,16 @@ BREAKAGES = [
     Breakage("engine Settings refuses", check_settings, at(f"{WORKER_ENV}/SLUICEGATE_ENGINE", "x")),
     Breakage("bitnami kafka", check_kafka_kraft, at(f"{S}/kafka/image", "bitnami/kafka:3.9")),
     Breakage("unpinned kafka", check_kafka_kraft, at(f"{S}/kafka/image", "apache/kafka:latest")),
+    Breakage(
+        "kafka the tests do not run",
+        check_kafka_is_the_tested_one,
+        at(f"{S}/kafka/image", "apache/kafka:3.9.1"),
+    ),
+    Breakage(
+        "rebalance delay the tests do not have",
+        check_kafka_is_the_tested_one,
+        at(f"{KAFKA_ENV}/KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", 3000),
+    ),
     Breakage("broker only", check_kafka_kraft, at(f"{KAFKA_ENV}/KAFKA_PROCESS_ROLES", "broker")),
     Breakage("no voters", check_kafka_kraft, at(f"{KAFKA_ENV}/KAFKA_CONTROLLER_QUORUM_VOTERS")),
     Breakage(
