@@ -16,7 +16,7 @@ own defaults are the longer runs of the README's figures), writes docs/bench/NAM
 NAME.png for each and docs/bench/summary.json, and ends with a table of the headline
 figures. ``--quick`` runs every scenario with ``--quick`` and writes into a temporary
 directory, never docs/bench. The scenarios marked `in_suite=False` (the soak, files, retention,
-costs, relay_rate, fleet, scale) run only when named (``--only soak``).
+costs, relay_rate, fleet, brokers, scale) run only when named (``--only soak``).
 """
 
 from __future__ import annotations
@@ -106,6 +106,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     # 64 simulated workers in one group through a burst and a rebalance storm, kv and greedy.
     Scenario(name="fleet", module="benchmarks.fleet", argv=(), expected_s=600, in_suite=False),
+    # Apache Kafka against Tansu: start, ingress, a short job's latency, the relay, broker CPU.
+    Scenario(name="brokers", module="benchmarks.brokers", argv=(), expected_s=420, in_suite=False),
     # The two above and what they say about 1,000 GPUs at 10,000 jobs/s.
     Scenario(
         name="scale",

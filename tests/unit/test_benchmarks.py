@@ -14,7 +14,7 @@ from benchmarks import __main__ as runner
 
 # Renaming or removing one of these is a change to the suite: change this list with it.
 SUITE = ["admission", "kv_pull", "overload", "longpoll", "scale_out", "ingress"]
-ONLY_WHEN_NAMED = ["soak", "files", "retention", "costs", "relay_rate", "fleet", "scale"]
+ONLY_WHEN_NAMED = ["soak", "files", "retention", "costs", "relay_rate", "fleet", "brokers", "scale"]
 
 
 def test_the_runner_knows_every_scenario() -> None:
