@@ -193,17 +193,22 @@ def _kafka_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=9093,
         help="KRaft controller port (default: %(default)s)",
     )
-    groups = kafka_sub.add_parser(
+    kafka_sub.add_parser(
         "consumer-groups",
         help="Kafka's kafka-consumer-groups tool on the pulled jars, against the running "
-        "stack's broker (e.g. --describe --group sluicegate-workers)",
+        "stack's broker (e.g. --describe --group sluicegate-workers); its arguments are the "
+        "tool's",
         add_help=False,
     )
-    groups.add_argument("tool_args", nargs=argparse.REMAINDER)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "kafka" and args.kafka_command == "consumer-groups":
+        args.tool_args = extra  # the tool's own options, passed on as they are
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from sluicegate.commands import settings_or_exit
 
     settings = settings_or_exit()

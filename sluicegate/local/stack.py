@@ -329,7 +329,7 @@ class Stack:
             self._record_processes()
             stack_info.write_info(self.settings.data_dir, self.info())  # its new pid
             return
-        log.error("the embedded broker exited; restarting it with an empty log")
+        log.error("the Tansu broker exited; restarting it with an empty log")
         pipeline = [c for c in self._children if c.role != "api" and not _is_engine(c)]
         await self._terminate([c.process for c in pipeline if c.process is not None])
         await self._broker.restart()

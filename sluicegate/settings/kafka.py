@@ -47,8 +47,8 @@ class KafkaSettings(SettingsGroup):
     )
     kafka_idempotent_producer: bool = Field(
         default=True,
-        description="Use the idempotent producer. Apache Kafka supports it; the embedded "
-        "Tansu broker does not.",
+        description="Use the idempotent producer. Apache Kafka supports it; the Tansu "
+        "fallback broker does not (`sluicegate up` turns it off on Tansu).",
     )
     kafka_exact_end_offsets: bool = Field(
         default=True,

@@ -2,7 +2,7 @@
 hands each record to a handler (``workers/webhooks/events.py``), and running it until a stop.
 
 The app keeps no tables and declares no topics: it needs only a consumer group, which is
-why it runs on the embedded Tansu broker as on Apache Kafka.
+why it runs on the Tansu fallback broker as on Apache Kafka.
 """
 
 from __future__ import annotations
