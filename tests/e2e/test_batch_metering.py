@@ -20,8 +20,8 @@ from producers.batches.meter_repository import BACKLOG_STATES
 from schemas.constants import M_LAG
 from schemas.tables import jobs, outbox
 from sluicegate.settings import Settings
+from tests.faults.outcomes import terminal_event, until
 from tests.faults.processes import roles
-from tests.faults.test_worker_kill import _terminal_event, until
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(600)
@@ -133,7 +133,7 @@ async def test_a_20000_line_batch_is_metered_in_under_lag_hard(
     custom_ids = Counter(json.loads(row)["custom_id"] for row in output.text.splitlines())
     assert custom_ids == Counter({f"doc-{i}": 1 for i in range(LINES)})
     terminal = {"succeeded", "failed", "expired", "cancelled", "abandoned"}
-    ends = Counter(r.key for r in records if _terminal_event(r.payload, terminal))
+    ends = Counter(r.key for r in records if terminal_event(r.payload, terminal))
     assert len(ended) == LINES + len(ids)
     assert ends == Counter(dict.fromkeys(map(str, ended), 1))  # one terminal event per job
     dispatches = Counter(r.key for r in records if r.topic == own.dispatch_topic)

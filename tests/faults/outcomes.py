@@ -46,7 +46,7 @@ async def states(db: AsyncEngine, ids: list[str]) -> dict[str, tuple[str, int]]:
         return {str(r.id): (r.state, r.attempt) for r in rows}
 
 
-async def until_states(db: AsyncEngine, ids: list[str], done: Any, within_s: float) -> None:
+async def until(db: AsyncEngine, ids: list[str], done: Any, within_s: float) -> None:
     """Until ``done(states)`` holds."""
     async with asyncio.timeout(within_s):
         while not done(await states(db, ids)):
@@ -89,7 +89,7 @@ async def outcome(settings: Settings, db: AsyncEngine, ids: list[str]) -> Outcom
     found = await states(db, ids)
     async with db.connect() as conn:
         rows = (await conn.execute(select(outbox.c.topic, outbox.c.key, outbox.c.payload))).all()
-    ends = Counter(r.key for r in rows if r.key in found and _terminal_event(r.payload))
+    ends = Counter(r.key for r in rows if r.key in found and terminal_event(r.payload))
     return Outcome(
         final=Counter(state for state, _ in found.values()),
         taken_over=sum(attempt >= 2 for _, attempt in found.values()),
@@ -109,9 +109,9 @@ def exactly_once(result: Outcome, ids: list[str]) -> None:
     assert result.terminal_events == Counter(dict.fromkeys(ids, 1)), result.summary()
 
 
-def _terminal_event(payload: bytes) -> bool:
+def terminal_event(payload: bytes, terminal: set[str] = TERMINAL) -> bool:
     try:
         event = JobEvent.model_validate_json(payload)
     except ValueError:
         return False  # a dispatch record
-    return event.state.value in TERMINAL
+    return event.state.value in terminal

@@ -14,7 +14,7 @@ from sluicegate.kafka import ensure_topics
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.settings import Settings
 from tests.brokers import on_broker
-from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until_states
+from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until
 from tests.faults.processes import roles
 from tests.integration.serving import serve
 
@@ -42,14 +42,14 @@ async def test_the_broker_killed_mid_load_comes_back_on_its_log(
         ]
         async with serve(own, db) as api:
             ids = await submit(api, 24, **job)
-            await until_states(db, ids, lambda s: running(s) >= 2, 90)
+            await until(db, ids, lambda s: running(s) >= 2, 90)
             log_before = broker.cluster_id()
             broker.kill()  # SIGKILL: no controlled shutdown, no flush
             ids += await submit(api, 6, **job)  # the API needs only PostgreSQL
             await asyncio.sleep(2.0)  # the relay and the workers meet a dead broker
             await broker.restart()
             assert broker.cluster_id() == log_before  # the same log, not a new one
-            await until_states(db, ids, all_ended, 180)
+            await until(db, ids, all_ended, 180)
         for role in (relay, *workers):
             assert role.process.poll() is None, role.output()[-2000:]
 

@@ -22,8 +22,9 @@ from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import TansuBroker
 from sluicegate.settings import Settings
 from tests.brokers import on_broker, restart_on_a_lost_log
+from tests.faults.outcomes import states, terminal_event, until
 from tests.faults.processes import roles
-from tests.faults.test_worker_kill import DOC, _terminal_event, states, until
+from tests.faults.test_worker_kill import DOC
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(300)
@@ -83,7 +84,5 @@ async def test_the_broker_restarts_empty_while_workers_run(
     # The jobs that waited in the lost log were found by the reconciler: a second record.
     assert all(dispatches[j] >= 2 for j in waiting), {j: dispatches[j] for j in waiting}
     assert "lost their dispatch record" in relay.output()
-    ends = Counter(
-        r.key for r in records if r.key in final and _terminal_event(r.payload, terminal)
-    )
+    ends = Counter(r.key for r in records if r.key in final and terminal_event(r.payload, terminal))
     assert ends == Counter(dict.fromkeys(ids, 1))  # one terminal event per job

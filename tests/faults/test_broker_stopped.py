@@ -19,7 +19,7 @@ from sluicegate.kafka import ensure_topics
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.settings import Settings
 from tests.brokers import on_broker
-from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until_states
+from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until
 from tests.faults.processes import roles
 from tests.integration.serving import serve
 
@@ -48,7 +48,7 @@ async def test_the_broker_stopped_past_the_delivery_timeout(
         ]
         async with serve(own, db) as api:
             ids = await submit(api, 12, **job)
-            await until_states(db, ids, lambda s: running(s) >= 2, 90)
+            await until(db, ids, lambda s: running(s) >= 2, 90)
             if how == "frozen":
                 assert broker.pid is not None
                 os.kill(broker.pid, signal.SIGSTOP)
@@ -62,7 +62,7 @@ async def test_the_broker_stopped_past_the_delivery_timeout(
                 os.kill(broker.pid, signal.SIGCONT)
             else:
                 await broker.start()
-            await until_states(db, ids, all_ended, 180)
+            await until(db, ids, all_ended, 180)
         for role in (relay, *workers):
             assert role.process.poll() is None, role.output()[-2000:]
 

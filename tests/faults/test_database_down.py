@@ -15,8 +15,9 @@ from sluicegate import migrate
 from sluicegate.db import make_engine
 from sluicegate.local.embedded import EmbeddedPostgres
 from sluicegate.settings import Settings
+from tests.faults.outcomes import states, until
 from tests.faults.processes import roles
-from tests.faults.test_worker_kill import DOC, states, until
+from tests.faults.test_worker_kill import DOC
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(300)

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sluicegate.settings import Settings
-from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until_states
+from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until
 from tests.faults.processes import Role, roles
 from tests.integration.serving import serve
 
@@ -51,9 +51,9 @@ async def test_the_group_leader_killed_mid_decode_and_the_group_reforms(
 
         async with serve(settings, db) as api:
             ids = await submit(api, 24, input=DOC, max_tokens=300, ttl_s=900)
-            await until_states(db, ids, lambda s: running(s) >= 6, 90)
+            await until(db, ids, lambda s: running(s) >= 6, 90)
             leader.kill()
-            await until_states(db, ids, all_ended, 180)
+            await until(db, ids, all_ended, 180)
         new_leaders = [o for o in others if LEADS in o.output()]
         assert len(new_leaders) == 1, "the group must re-form under one new leader"
         for other in others:

@@ -15,8 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from schemas.states import TERMINAL_STATES
 from sluicegate.local.embedded import free_port
 from sluicegate.settings import Settings
+from tests.faults.outcomes import states, until
 from tests.faults.processes import jobs_running, roles
-from tests.faults.test_worker_kill import DOC, states, until
+from tests.faults.test_worker_kill import DOC
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(240)

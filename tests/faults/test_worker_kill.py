@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from schemas.envelopes import JobEvent
 from schemas.states import TERMINAL_STATES
-from schemas.tables import jobs, outbox, webhook_deliveries
+from schemas.tables import outbox, webhook_deliveries
 from sluicegate.settings import Settings
+from tests.faults.outcomes import states, terminal_event, until
 from tests.faults.processes import roles
 from tests.integration.serving import serve
 
@@ -22,20 +22,6 @@ pytestmark = pytest.mark.timeout(240)
 
 DOC = "A worker that dies mid-decode leaves its offsets uncommitted. " * 8
 JOBS = 16
-
-
-async def states(db: AsyncEngine, ids: list[str]) -> dict[str, tuple[str, int]]:
-    async with db.connect() as conn:
-        rows = await conn.execute(
-            select(jobs.c.id, jobs.c.state, jobs.c.attempt).where(jobs.c.id.in_(ids))
-        )
-        return {str(r.id): (r.state, r.attempt) for r in rows}
-
-
-async def until(db: AsyncEngine, ids: list[str], done: object, within_s: float) -> None:
-    async with asyncio.timeout(within_s):
-        while not done(await states(db, ids)):  # type: ignore[operator]
-            await asyncio.sleep(0.2)
 
 
 async def test_a_worker_killed_mid_decode_hands_its_jobs_over(
@@ -79,9 +65,7 @@ async def test_a_worker_killed_mid_decode_hands_its_jobs_over(
     assert taken_over, "the killed worker had jobs running; they must have run again"
     async with db.connect() as conn:
         records = (await conn.execute(select(outbox.c.key, outbox.c.payload))).all()
-    ends = Counter(
-        r.key for r in records if r.key in final and _terminal_event(r.payload, terminal)
-    )
+    ends = Counter(r.key for r in records if r.key in final and terminal_event(r.payload, terminal))
     assert ends == Counter(dict.fromkeys(ids, 1))  # one terminal event per job
     assert deliveries == Counter(dict.fromkeys(ids, 1))  # one webhook sequence per job
 
@@ -97,11 +81,3 @@ async def delivered(db: AsyncEngine, subjects: int, within_s: float) -> Counter[
             if len(rows) >= subjects:
                 return rows
             await asyncio.sleep(0.3)
-
-
-def _terminal_event(payload: bytes, terminal: set[str]) -> bool:
-    try:
-        event = JobEvent.model_validate_json(payload)
-    except ValueError:
-        return False  # a dispatch record
-    return event.state.value in terminal

@@ -21,13 +21,16 @@ METRIC = re.compile(r"(?<![\w.:/-])sluicegate_[a-z0-9_]+\b")
 
 def _names_outside_settings() -> set[str]:
     """SLUICEGATE_* variables that are not settings: Compose's own (``${SLUICEGATE_X}`` in
-    docker-compose.yml) and the test suite's (read from the environment by tests/)."""
+    docker-compose.yml), the test suite's and the benchmarks' (read from the environment by
+    tests/ and benchmarks/)."""
     compose = (ROOT / "docker-compose.yml").read_text(encoding="utf-8")
     names = set(re.findall(r"\$\{(SLUICEGATE_[A-Z0-9_]+)", compose))
     names -= {f"SLUICEGATE_{f.upper()}" for f in Settings.model_fields}
-    for path in (ROOT / "tests").rglob("*.py"):
+    for path in [*(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]:
         text = path.read_text(encoding="utf-8")
-        names |= set(re.findall(r"environ(?:\.get)?\W+\"(SLUICEGATE_TEST_[A-Z0-9_]+)\"", text))
+        names |= set(
+            re.findall(r"environ(?:\.get)?\W+\"(SLUICEGATE_(?:TEST|BENCH)_[A-Z0-9_]+)\"", text)
+        )
     return names
 
 
