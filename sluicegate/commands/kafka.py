@@ -45,7 +45,7 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     )
     try:
         code = run_until_signal_code(broker)
-    except (EmbeddedError, RuntimeError, TimeoutError) as exc:
+    except EmbeddedError as exc:
         sys.exit(f"Apache Kafka did not start: {exc} (log: {broker.log_path})")
     sys.exit(code)
 

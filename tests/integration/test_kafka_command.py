@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -200,3 +201,19 @@ def test_cluster_ids_never_look_like_a_flag() -> None:
     ids = [new_cluster_id() for _ in range(2000)]
     assert not [i for i in ids if i.startswith("-")]
     assert all(len(i) == 22 for i in ids)
+
+
+def test_kafka_run_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = env_with(
+            tmp_path, os.environ["PATH"], SLUICEGATE_KAFKA_HOME=str(brokers.kafka_home())
+        )
+        code, lines = sluicegate("kafka", "run", "--port", str(port), env=env)
+    assert code == 1
+    assert lines == [
+        f"Apache Kafka did not start: 127.0.0.1:{port} is in use by another process "
+        f"(log: {tmp_path / 'broker.log'})"
+    ]

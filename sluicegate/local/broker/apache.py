@@ -115,6 +115,9 @@ class ApacheKafka(BrokerProcess):
         self.started_in_s: float | None = None
         self.new_log = False  # True when the last start found no log and formatted one
 
+    def ports(self) -> list[int]:
+        return [self.port, self.controller_port]
+
     @property
     def data(self) -> Path:
         return self.root / "data"

@@ -4,7 +4,9 @@ on loopback that they start, wait for, kill, restart and stop."""
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -14,7 +16,11 @@ from typing import IO, Literal, Protocol
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from sluicegate.local.embedded import EmbeddedError
+
 BrokerKind = Literal["kafka", "tansu"]
+# A Java exception's message line: "org.apache.kafka.common.KafkaException: Failed to ..."
+EXCEPTION = re.compile(r"^(?:[\w$]+\.)+[\w$]*(?:Exception|Error): ")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +69,7 @@ class BrokerProcess:
         self.log_path = log_path
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._log_from = 0  # where this start's output begins in the log
 
     @property
     def bootstrap(self) -> str:
@@ -73,14 +80,24 @@ class BrokerProcess:
         return self._process.pid if self._process is not None else None
 
     def spawn(self, command: list[str]) -> None:
+        """Start the process; refused at once when its port is taken (a client would find
+        whatever answers there and take it for this broker)."""
+        for port in self.ports():
+            if not port_free(port):
+                raise EmbeddedError(f"127.0.0.1:{port} is in use by another process")
         if self.log_path is not None:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 (kept open)
+            self._log_from = self._log.tell()
         self._process = subprocess.Popen(
             command,
             stdout=self._log or subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def ports(self) -> list[int]:
+        """The loopback ports the broker listens on."""
+        return [self.port]
 
     def exit_code(self) -> int | None:
         return self._process.poll() if self._process is not None else None
@@ -90,17 +107,26 @@ class BrokerProcess:
         deadline = time.monotonic() + timeout_s
         while True:
             if (code := self.exit_code()) is not None:
-                raise RuntimeError(f"the broker exited with code {code}{self.last_line()}")
+                raise EmbeddedError(f"the broker exited with code {code}{self.last_line()}")
             if await answers(self.bootstrap):
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the broker did not answer on {self.bootstrap}")
+                raise EmbeddedError(
+                    f"the broker did not answer on {self.bootstrap} in {timeout_s:.0f} s"
+                )
             await asyncio.sleep(0.1)
 
     def last_line(self) -> str:
+        """What this start's output says went wrong: the first exception's message (a JVM
+        logs its cause there, not last), else its last line."""
         if self.log_path is None or not self.log_path.exists():
             return ""
-        lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        with self.log_path.open("rb") as f:
+            f.seek(self._log_from)
+            lines = f.read().decode(errors="replace").strip().splitlines()
+        for line in lines:
+            if EXCEPTION.match(line):
+                return f": {line.strip()}"
         return f": {lines[-1].strip()}" if lines else ""
 
     def stop(self) -> None:
@@ -136,6 +162,16 @@ class BrokerProcess:
         """Block until the process exits; None if it is not running."""
         process = self._process
         return process.wait() if process is not None else None
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 async def answers(bootstrap: str) -> bool:
