@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -104,3 +106,15 @@ async def jobs_running(probe: httpx.AsyncClient, port: int) -> int | None:
         if line.startswith(f"{M_JOBS_RUNNING} "):
             return int(float(line.split()[1]))
     return 0
+
+
+ASSIGNED = re.compile(r"Setting newly assigned partitions (\{.*\}|set\(\)) for group")
+
+
+async def assigned(role: Role, times: int = 1, within_s: float = 60) -> set[int]:
+    """The partitions of the worker's ``times``-th assignment, from its log (aiokafka logs
+    each assignment at INFO), once there is one."""
+    async with asyncio.timeout(within_s):
+        while len(found := ASSIGNED.findall(role.output())) < times:
+            await asyncio.sleep(0.2)
+    return {int(p) for p in re.findall(r"partition=(\d+)", found[times - 1])}

@@ -5,8 +5,6 @@ exactly once. (Tansu, the fallback broker, cannot re-form a group without its le
 
 from __future__ import annotations
 
-import asyncio
-import re
 from pathlib import Path
 
 import pytest
@@ -14,22 +12,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sluicegate.settings import Settings
 from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until
-from tests.faults.processes import Role, roles
+from tests.faults.processes import assigned, roles
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(300)
 
 DOC = "The leader of a consumer group is only the member that computes the assignment. " * 6
 LEADS = "Elected group leader"
-ASSIGNED = re.compile(r"Setting newly assigned partitions \{")
-
-
-async def joined(role: Role, times: int = 1, within_s: float = 60) -> None:
-    async with asyncio.timeout(within_s):
-        while len(ASSIGNED.findall(role.output())) < times:
-            await asyncio.sleep(0.2)
-
-
 async def test_the_group_leader_killed_mid_decode_and_the_group_reforms(
     settings: Settings, db: AsyncEngine, tmp_path: Path, kafka_is_tansu: bool
 ) -> None:
@@ -39,12 +28,12 @@ async def test_the_group_leader_killed_mid_decode_and_the_group_reforms(
         started.start("relay")
         slow = {"sim_time_scale": 3.0, "worker_max_running": 4}
         leader = started.start("worker", worker_group_instance_id="worker-1", **slow)
-        await joined(leader)  # alone in the group: it leads it
+        await assigned(leader)  # alone in the group: it leads it
         others = [
             started.start("worker", worker_group_instance_id=f"worker-{n}", **slow) for n in (2, 3)
         ]
         for other in others:
-            await joined(other)
+            await assigned(other)
         # The joins rebalanced the group (once, or once each), led by the first again.
         assert leader.output().count(LEADS) >= 2
         assert not [o for o in others if LEADS in o.output()]

@@ -16,7 +16,7 @@ from schemas.states import TERMINAL_STATES
 from sluicegate.local.embedded import free_port
 from sluicegate.settings import Settings
 from tests.faults.outcomes import states, until
-from tests.faults.processes import jobs_running, roles
+from tests.faults.processes import assigned, jobs_running, roles
 from tests.faults.test_worker_kill import DOC
 from tests.integration.serving import serve
 
@@ -39,7 +39,11 @@ async def test_sigterm_drains_within_its_bound_and_hands_back_the_rest(
         leaving = started.start(
             "worker", drain_timeout_s=DRAIN_S, sim_time_scale=30.0, metrics_port=port
         )
+        await assigned(leaving)
         staying = started.start("worker")
+        # Both in the group before the jobs come: else one worker may take them all while
+        # the other joins.
+        await assigned(staying)
         async with serve(settings, db) as api:
             ids = []
             for i in range(JOBS):

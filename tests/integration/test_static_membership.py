@@ -13,23 +13,14 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sluicegate.settings import Settings
-from tests.faults.processes import Role, roles
+from tests.faults.processes import Role, assigned, roles
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(180)
 
-ASSIGNED = re.compile(r"Setting newly assigned partitions (\{.*\}|set\(\)) for group")
 JOINED = re.compile(r"Joined group '[^']+' \(generation (\d+)\)")
 # Longer than the heartbeat interval (3 s): a rebalance would have reached the other worker.
 QUIET_S = 5.0
-
-
-async def assigned(role: Role, times: int = 1, within_s: float = 60) -> set[int]:
-    """The partitions of the ``times``-th assignment in the worker's log."""
-    async with asyncio.timeout(within_s):
-        while len(found := ASSIGNED.findall(role.output())) < times:
-            await asyncio.sleep(0.2)
-    return {int(p) for p in re.findall(r"partition=(\d+)", found[times - 1])}
 
 
 def generations(role: Role) -> list[int]:
