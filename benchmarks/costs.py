@@ -116,12 +116,12 @@ from benchmarks.soak import (
     warm_up,
 )
 from benchmarks.trace import Mix, backlog
+from plumbing.db import libpq_url
+from plumbing.settings import Settings
 from schemas import constants
-from sluicegate.db import libpq_url
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import TansuBroker
 from sluicegate.local.embedded import EmbeddedPostgres, free_port
-from sluicegate.settings import Settings
 
 OUT = OUT_DIR / "costs.json"
 OBSERVER = "costs_observer"  # the role of this benchmark's own connection

@@ -114,11 +114,11 @@ from benchmarks.harness import (
 )
 from benchmarks.overload import Counting, call
 from benchmarks.trace import Arrival, Mix, backlog, trace
+from plumbing.db import make_engine
 from producers.lag.kafka import KafkaLagSource
 from schemas.envelopes import JobEvent
 from schemas.jobs import JobKind
 from schemas.tables import jobs, outbox
-from sluicegate.db import make_engine
 from sluicegate.local.embedded import EmbeddedPostgres
 from workers.consumer import Worker
 from workers.engines.base import GenerationRequest

@@ -22,17 +22,17 @@ from fastapi import FastAPI
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.sql.elements import KeyedColumnElement
 
+from plumbing.db import make_engine
+from plumbing.kafka import ensure_topics
+from plumbing.settings import Settings
 from producers.api.app import create_app
 from producers.service import run_relay
 from schemas.states import TERMINAL_STATES
 from sluicegate import migrate
-from sluicegate.db import make_engine
-from sluicegate.kafka import ensure_topics
 from sluicegate.local.broker import dist
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import WORKAROUNDS, TansuBroker
 from sluicegate.local.embedded import EmbeddedPostgres
-from sluicegate.settings import Settings
 from workers.service import run_worker
 
 TERMINAL = {s.value for s in TERMINAL_STATES}

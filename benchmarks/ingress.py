@@ -50,10 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import OUT_DIR, bench_settings, percentile, services, write_report
+from client.samples import sample_documents
+from plumbing.settings import Settings
 from schemas.constants import M_SUBMIT_GROUP as SUBMIT_GROUP
 from sluicegate.local.embedded import free_port
-from sluicegate.samples import sample_documents
-from sluicegate.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = OUT_DIR / "ingress.json"
@@ -314,7 +314,7 @@ def batch_body(size: int) -> bytes:
 async def database_facts(settings: Settings) -> dict[str, Any]:
     import asyncpg
 
-    from sluicegate.db import libpq_url
+    from plumbing.db import libpq_url
 
     conn = await asyncpg.connect(libpq_url(settings.require_database_url()))
     try:
@@ -330,7 +330,7 @@ async def outbox_drained(settings: Settings, timeout_s: float) -> dict[str, Any]
     """Wait for the relay to publish every outbox row; how long it took, and the counts."""
     import asyncpg
 
-    from sluicegate.db import libpq_url
+    from plumbing.db import libpq_url
 
     conn = await asyncpg.connect(libpq_url(settings.require_database_url()))
     try:

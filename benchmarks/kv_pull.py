@@ -28,9 +28,9 @@ from typing import Any
 from benchmarks.harness import OUT_DIR, TERMINAL, Bench, percentile, pipeline, services
 from benchmarks.harness import job_rows as rows_of
 from benchmarks.plot import plot_kv_pull
+from plumbing.metrics import registry
 from schemas.constants import M_JOBS_STARTED
 from schemas.tables import jobs
-from sluicegate.metrics import registry
 from workers.engines.sim.engine import SimEngine
 from workers.service import run_worker
 

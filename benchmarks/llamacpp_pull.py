@@ -35,11 +35,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.harness import OUT_DIR, TERMINAL, Bench, pipeline, services, write_report
 from benchmarks.harness import job_rows as rows_of
 from benchmarks.plot import plot_llamacpp_pull
+from client.samples import sample_documents
+from plumbing.settings import Settings
 from schemas.tables import jobs
 from sluicegate.local import model as models
 from sluicegate.local.embedded import free_port
-from sluicegate.samples import sample_documents
-from sluicegate.settings import Settings
 
 OUT = OUT_DIR / "llamacpp_pull.json"
 SAMPLE_S = 0.25

@@ -21,8 +21,8 @@ from sqlalchemy import update
 
 from benchmarks.harness import OUT_DIR, Bench, percentile, pipeline, services, write_report
 from benchmarks.plot import plot_longpoll
+from plumbing.db import make_engine
 from schemas.tables import jobs
-from sluicegate.db import make_engine
 
 OUT = OUT_DIR / "longpoll.json"
 SETTLE_S = 0.5

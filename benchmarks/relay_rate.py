@@ -33,9 +33,9 @@ from sqlalchemy import func, select
 
 from benchmarks.harness import OUT_DIR, pipeline, services, write_report
 from benchmarks.soak import environment
+from plumbing.db import make_engine
+from plumbing.settings import Settings
 from schemas.tables import outbox
-from sluicegate.db import make_engine
-from sluicegate.settings import Settings
 
 OUT = OUT_DIR / "relay_rate.json"
 CLIENTS = 64

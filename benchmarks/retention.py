@@ -105,8 +105,8 @@ from benchmarks.soak import (
     warm_up,
 )
 from benchmarks.trace import Mix, backlog
+from plumbing.db import libpq_url
 from schemas import constants
-from sluicegate.db import libpq_url
 from sluicegate.local.embedded import free_port
 
 OUT = OUT_DIR / "retention.json"

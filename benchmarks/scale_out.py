@@ -44,8 +44,8 @@ from benchmarks.kv_pull import wait_published
 from benchmarks.overload import Counting
 from benchmarks.plot import plot_scale_out
 from benchmarks.trace import Mix, backlog
+from plumbing.db import make_engine
 from schemas.tables import jobs
-from sluicegate.db import make_engine
 from workers.engines.sim.engine import SimEngine
 from workers.service import run_worker
 

@@ -61,12 +61,12 @@ from benchmarks.naive import Capacity, capacity
 from benchmarks.overload import LAG_HARD_S, LAG_SOFT_S
 from benchmarks.plot import plot_soak
 from benchmarks.trace import Mix, backlog
+from plumbing.db import make_engine
+from plumbing.settings import Settings
 from schemas import constants
 from schemas.envelopes import JobEvent
 from schemas.tables import jobs, outbox, webhook_deliveries
-from sluicegate.db import make_engine
 from sluicegate.local.embedded import free_port
-from sluicegate.settings import Settings
 
 OUT = OUT_DIR / "soak.json"
 TENANT = "soak"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from plumbing.metrics import registry
 from schemas import constants
-from sluicegate.metrics import registry
 
 API = registry("api")
 RELAY = registry("relay")

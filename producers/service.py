@@ -10,6 +10,9 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from plumbing.db import make_engine
+from plumbing.metrics import serve as serve_metrics
+from plumbing.settings import Settings
 from producers.api.app import create_app
 from producers.outbox.log import LogReader
 from producers.outbox.reconciler import Reconciler
@@ -17,9 +20,6 @@ from producers.outbox.relay import OutboxRelay
 from producers.outbox.repository import OutboxStore
 from producers.retention.pruner import Pruner
 from producers.retention.repository import RetentionStore
-from sluicegate.db import make_engine
-from sluicegate.metrics import serve as serve_metrics
-from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
 

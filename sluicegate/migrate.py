@@ -9,7 +9,7 @@ from alembic import command
 from alembic.config import Config
 
 import migrations
-from sluicegate.db import sqlalchemy_url
+from plumbing.db import sqlalchemy_url
 
 
 def alembic_config(url: str) -> Config:

@@ -7,7 +7,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 
-from sluicegate.settings import Settings
+from plumbing.settings import Settings
 
 
 def configure_logging(settings: Settings) -> None:

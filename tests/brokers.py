@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from plumbing.settings import Settings
 from sluicegate.local.broker import dist
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.base import BrokerProcess
 from sluicegate.local.broker.tansu import WORKAROUNDS, TansuBroker
-from sluicegate.settings import Settings
 
 # The tests' brokers are small: a session's and a few of a test's own run at once.
 HEAP_MB = 512

@@ -22,13 +22,13 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.db import libpq_url, make_engine
+from plumbing.kafka import delete_topics, ensure_topics
+from plumbing.settings import Settings
 from sluicegate import migrate
-from sluicegate.db import libpq_url, make_engine
-from sluicegate.kafka import delete_topics, ensure_topics
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import TansuBroker
 from sluicegate.local.embedded import EmbeddedPostgres
-from sluicegate.settings import Settings
 from tests import brokers, containers
 
 

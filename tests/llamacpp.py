@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from plumbing.settings import Settings
 from sluicegate.local import model as models
-from sluicegate.settings import Settings
 
 
 def bundled_model() -> Path:

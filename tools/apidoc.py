@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plumbing.settings import Settings
 from producers.admission.limits import BodyTooLarge, RequestTimeout
 from producers.admission.policy import REFUSALS, UNAVAILABLE, Refused
 from producers.api.app import create_app
 from producers.api.errors import HANDLER_CODES
 from schemas import reasons
 from schemas.errors import SluicegateError
-from sluicegate.settings import Settings
 from tools import generated
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "api.md"

@@ -15,9 +15,9 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
+from plumbing.aio import wait_first
+from plumbing.kafka import cluster_id
 from schemas.envelopes import DispatchEnvelope
-from sluicegate.aio import wait_first
-from sluicegate.kafka import cluster_id
 from workers.dead_letter_store import record_subject
 from workers.execution import Executor, Progress
 from workers.gate import Drop, PullGate

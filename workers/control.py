@@ -20,11 +20,11 @@ from datetime import UTC, datetime
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from plumbing.aio import wait_first
+from plumbing.notify import JobNotice, Listener
+from plumbing.retry import count as count_retry
 from schemas import constants, reasons
 from schemas.states import JobState
-from sluicegate.aio import wait_first
-from sluicegate.notify import JobNotice, Listener
-from sluicegate.retry import count as count_retry
 from workers.engines.base import InferenceEngine
 from workers.metrics import ABORT_SECONDS
 from workers.repository import Claimed, WorkerRepository

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
+from plumbing.aio import wait_first
+from plumbing.retry import count as count_retry
 from schemas import reasons
 from schemas.states import JobState
-from sluicegate.aio import wait_first
-from sluicegate.retry import count as count_retry
 from workers.control import Control, Running
 from workers.engines.base import GenerationRequest, InferenceEngine
 from workers.gate import Drop, PreDecodeGate
@@ -267,7 +267,7 @@ class Executor:
         self, op: Callable[[], Awaitable[T]], stop: asyncio.Event | None = None
     ) -> T:
         """Retry a database operation after a transient error (a deadlock, a serialization
-        failure, an outage: ``sluicegate.retry.transient_error``), each retry counted, with
+        failure, an outage: ``plumbing.retry.transient_error``), each retry counted, with
         a jittered backoff capped at ``MAX_BACKOFF_S``, until it succeeds or ``stop``; the
         record stays uncommitted meanwhile. Any other error is raised."""
         backoff = 0.1

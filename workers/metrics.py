@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from plumbing.metrics import registry
 from schemas import constants
-from sluicegate.metrics import registry
 
 if TYPE_CHECKING:
     from workers.engines.base import InferenceEngine

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
-from sluicegate.aio import wait_first
-from sluicegate.db import make_engine
-from sluicegate.kafka import close_client, make_consumer
-from sluicegate.metrics import serve as serve_metrics
-from sluicegate.settings import Settings
+from plumbing.aio import wait_first
+from plumbing.db import make_engine
+from plumbing.kafka import close_client, make_consumer
+from plumbing.metrics import serve as serve_metrics
+from plumbing.settings import Settings
 from workers.consumer import Worker
 from workers.control import Control
 from workers.engines.base import InferenceEngine

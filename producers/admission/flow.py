@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 from sqlalchemy.exc import DBAPIError
 
+from plumbing.aio import wait_first
 from producers.jobs.repository import Flow, JobRepository
 from producers.lag.monitor import LagMonitor
 from producers.metrics import IN_FLIGHT, LATENCY_W, LITTLE_L
-from sluicegate.aio import wait_first
 
 log = logging.getLogger(__name__)
 

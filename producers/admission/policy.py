@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from plumbing.settings import Settings
 from producers.lag.rule import LagSnapshot
 from schemas.errors import SluicegateError
 from schemas.jobs import Priority
-from sluicegate.settings import Settings
 
 UNAVAILABLE = frozenset({"lag_unknown", "database_unavailable", "broker_unavailable"})
 # Why a submit is refused: the yield's ``reason`` and its error code (429; 503 for the

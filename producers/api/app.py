@@ -6,11 +6,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.admission.limits import BodyLimit
 from producers.api import batches, errors, files, health, jobs, webhooks
 from producers.api.lifespan import Lifespan
 from producers.lag.monitor import LagSource
-from sluicegate.settings import Settings
 
 MULTIPART_OVERHEAD = 65_536
 

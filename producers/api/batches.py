@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
+from plumbing.retry import retrying
 from producers.api import openapi
 from producers.api.deps import Admission, AppSettings, Batches, Files, Meter, Tenant
 from producers.batches.input import (
@@ -46,7 +47,6 @@ from schemas.batches import (
     UnsupportedMediaType,
 )
 from schemas.errors import BatchNotFound, InvalidJson, InvalidRequest
-from sluicegate.retry import retrying
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100

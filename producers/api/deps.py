@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from plumbing.settings import Settings
 from producers.admission.controller import AdmissionController
 from producers.api.waiting import Waiting
 from producers.batches.meter import Meter as BatchMeter
@@ -24,7 +25,6 @@ from producers.tenancy.repository import KeyStore
 from producers.webhooks.repository import WebhookStore
 from schemas import constants
 from schemas.errors import Unauthorized
-from sluicegate.settings import Settings
 
 
 async def settings(request: Request) -> Settings:

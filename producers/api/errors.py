@@ -15,11 +15,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
 
+from plumbing.retry import transient_error
 from producers.admission.limits import BodyTooLarge, RequestTimeout
 from producers.admission.policy import Refused
 from producers.metrics import REFUSED
 from schemas.errors import SluicegateError
-from sluicegate.retry import transient_error
 
 log = logging.getLogger(__name__)
 

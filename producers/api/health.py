@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from plumbing.metrics import exposition
 from producers.api import openapi
 from producers.api.deps import Jobs
-from sluicegate.metrics import exposition
 
 router = APIRouter()
 

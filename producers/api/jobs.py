@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
+from plumbing.retry import retrying
 from producers.admission.controller import AdmissionController
 from producers.api import openapi
 from producers.api.deps import Admission, AppSettings, Groups, Jobs, Monitor, Tenant, Waits
@@ -22,7 +23,6 @@ from schemas.api import JobList, JobView, SubmitJob, SubmitResponse
 from schemas.errors import JobNotFound
 from schemas.jobs import Job, NewJob, estimate_tokens
 from schemas.states import JobState
-from sluicegate.retry import retrying
 
 # Pages of GET /v1/jobs.
 DEFAULT_PAGE = 100

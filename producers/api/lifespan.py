@@ -12,6 +12,9 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.datastructures import State
 
+from plumbing.db import make_engine
+from plumbing.notify import Listener
+from plumbing.settings import Settings
 from producers.admission.controller import AdmissionController
 from producers.admission.flow import report_flow
 from producers.admission.policy import Policy
@@ -28,9 +31,6 @@ from producers.lag.monitor import LagMonitor, LagSource
 from producers.lag.shared import SharedLagSource
 from producers.tenancy.repository import KeyStore
 from schemas import constants
-from sluicegate.db import make_engine
-from sluicegate.notify import Listener
-from sluicegate.settings import Settings
 
 
 @dataclass(frozen=True, kw_only=True)

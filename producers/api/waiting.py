@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 from starlette.types import Receive
 
+from plumbing.aio import wait_first
+from plumbing.notify import JobNotice
 from producers.jobs.repository import JobRepository
 from schemas import reasons
 from schemas.errors import InvalidRequest, JobNotFound
 from schemas.jobs import Job
-from sluicegate.aio import wait_first
-from sluicegate.notify import JobNotice
 
 log = logging.getLogger(__name__)
 

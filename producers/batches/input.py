@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from plumbing.settings import Settings
 from producers.batches.repository import BatchRequest, NewBatch
 from producers.files.checks import LineSplitter, SameBatch, json_line, validation_message
 from schemas.batch_lines import line_request
@@ -32,7 +33,6 @@ from schemas.errors import InvalidRequest, SluicegateError
 from schemas.jobs import Priority, utf8_length
 from schemas.sampling import check_model
 from schemas.webhooks import check_callback_url
-from sluicegate.settings import Settings
 
 # Request lines written per statement (and held in memory at once) while a batch is stored.
 CHUNK = 1000

@@ -25,10 +25,10 @@ from datetime import UTC, datetime
 
 from sqlalchemy.exc import DBAPIError
 
+from plumbing.aio import wait_first
+from plumbing.retry import count as count_retry
 from producers.batches.meter_repository import Backlog, MeterStore, Round
 from producers.metrics import METERED
-from sluicegate.aio import wait_first
-from sluicegate.retry import count as count_retry
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from sqlalchemy import and_, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from plumbing.lock_store import locking_in_order
 from producers.jobs.repository import cancellable, cancelling, event_row
 from producers.jobs.submit_repository import new_job_id
 from schemas.batches import BatchTerminal, BatchView, batch_status, batch_view
@@ -21,7 +22,6 @@ from schemas.errors import BatchNotFound, IdempotencyConflict
 from schemas.jobs import Job, JobKind, Priority, job_from_row
 from schemas.states import TERMINAL_STATES
 from schemas.tables import batches, jobs, outbox
-from sluicegate.lock_store import locking_in_order
 
 _TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
 

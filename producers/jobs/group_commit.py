@@ -31,12 +31,12 @@ from typing import Protocol
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from plumbing.aio import wait_first
+from plumbing.settings import Settings
 from producers.jobs.submit_repository import Stored
 from producers.metrics import SUBMIT_GROUP
 from schemas.errors import SluicegateError
 from schemas.jobs import NewJob
-from sluicegate.aio import wait_first
-from sluicegate.settings import Settings
 
 
 class GroupWriter(Protocol):

@@ -242,7 +242,7 @@ def cancellable() -> ColumnElement[bool]:
 
 def cancelling(which: ColumnElement[bool], now: datetime) -> Update:
     """Cancel the jobs ``which`` picks that have not ended yet, returning their rows. Of
-    several jobs, lock them first (``sluicegate.lock_store``)."""
+    several jobs, lock them first (``plumbing.lock_store``)."""
     return (
         update(jobs)
         .where(which, cancellable())

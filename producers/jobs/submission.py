@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime, timedelta
 
+from plumbing.settings import Settings
 from schemas.api import SubmitJob
 from schemas.errors import InvalidRequest, PayloadTooLarge
 from schemas.jobs import NewJob, utf8_length
 from schemas.sampling import SamplingFields, check_model
 from schemas.webhooks import check_callback_url
-from sluicegate.settings import Settings
 
 
 class DeadlineInPast(InvalidRequest):

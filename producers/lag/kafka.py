@@ -8,9 +8,9 @@ from collections.abc import Callable
 from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.kafka import GroupReader
 from producers.lag.repository import LagRepository
 from producers.lag.rule import Reading
-from sluicegate.kafka import GroupReader
 
 
 class KafkaLagSource:

@@ -27,10 +27,10 @@ from typing import Protocol
 from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError
 
+from plumbing.aio import wait_first
 from producers.lag import rule
 from producers.lag.rule import LagSnapshot, LagState, Reading
 from producers.metrics import ARRIVAL_RATE, CONSUMER_LAG, DRAIN_RATE, LAG, LAG_KNOWN
-from sluicegate.aio import wait_first
 
 log = logging.getLogger(__name__)
 

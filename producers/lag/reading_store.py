@@ -14,9 +14,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from plumbing.db import make_engine
 from producers.lag.rule import Reading
 from schemas.tables import lag_readings
-from sluicegate.db import make_engine
 
 # pg_try_advisory_lock's first key: "sluicegate lag reader"; the second is the topic's
 # and group's hash.

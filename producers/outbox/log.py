@@ -6,9 +6,9 @@ from __future__ import annotations
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
+from plumbing.kafka import GroupReader, cluster_id
+from plumbing.settings import Settings
 from producers.outbox.rule import LogView
-from sluicegate.kafka import GroupReader, cluster_id
-from sluicegate.settings import Settings
 
 
 class LogReader:

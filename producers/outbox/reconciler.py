@@ -24,12 +24,12 @@ from typing import Protocol
 from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError
 
+from plumbing.aio import wait_first
+from plumbing.retry import count as count_retry
+from plumbing.settings import Settings
 from producers.metrics import RECONCILED
 from producers.outbox import rule
 from producers.outbox.rule import LogView, Lost, Position
-from sluicegate.aio import wait_first
-from sluicegate.retry import count as count_retry
-from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
 

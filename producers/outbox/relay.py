@@ -26,14 +26,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError
 
+from plumbing.aio import wait_first
+from plumbing.db import libpq_url
+from plumbing.kafka import close_client, described_cluster_id, ensure_topics, make_producer
+from plumbing.retry import count as count_retry
+from plumbing.settings import Settings
 from producers.metrics import RELAY_PUBLISHED
 from producers.outbox.repository import Acked, OutboxRow, OutboxStore
 from schemas import constants
-from sluicegate.aio import wait_first
-from sluicegate.db import libpq_url
-from sluicegate.kafka import close_client, described_cluster_id, ensure_topics, make_producer
-from sluicegate.retry import count as count_retry
-from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -31,12 +31,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import BigInteger, Text
 
+from plumbing.lock_store import locking_in_order
 from producers.outbox.rule import LogView, Lost, Position
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import estimate_tokens
 from schemas.states import JobState
 from schemas.tables import jobs, outbox, partition_ends
-from sluicegate.lock_store import locking_in_order
 
 
 @dataclass(frozen=True, kw_only=True)

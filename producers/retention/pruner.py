@@ -1,5 +1,5 @@
 """The pruner, in the relay process: every ``prune_interval_s`` it deletes what is past its
-window (``sluicegate/settings/retention.py``), table by table, a batch of rows per
+window (``plumbing/settings/retention.py``), table by table, a batch of rows per
 transaction until a table has nothing more to give, yielding between batches.
 
 Why batched deletes and not partitioned tables: a job's row is updated in place through its
@@ -19,11 +19,11 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.exc import DBAPIError
 
+from plumbing.aio import wait_first
+from plumbing.retry import count as count_retry
+from plumbing.settings import Settings
 from producers.metrics import PRUNED
 from producers.retention.repository import RetentionStore
-from sluicegate.aio import wait_first
-from sluicegate.retry import count as count_retry
-from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import sys
 
 from pydantic import ValidationError
 
-from sluicegate.settings import Settings
+from plumbing.settings import Settings
 
 
 def settings_or_exit() -> Settings:

@@ -13,13 +13,13 @@ from typing import Any
 
 from rich.console import Console
 
-from producers.client import ApiError, RetryPolicy, SluicegateClient, Unreachable
-from producers.summarize.requests import InputError
+from client.api import ApiError, RetryPolicy, SluicegateClient, Unreachable
+from client.summarize.requests import InputError
+from plumbing.settings import Settings
 from schemas.errors import SluicegateError
 from sluicegate.local import info as stack_info
 from sluicegate.local import key as local_key
 from sluicegate.process import run_until_signal
-from sluicegate.settings import Settings
 
 INPUT, PARTIAL, REFUSED, UNREACHABLE, INTERRUPTED = 2, 3, 4, 5, 130
 # summarize waits out refusals a retry can turn into a success (each wait is said).
@@ -132,7 +132,7 @@ def _detail(detail: object) -> str:
 async def _summarize(
     settings: Settings, api_url: str, key: str | None, args: argparse.Namespace, console: Console
 ) -> int:
-    from producers.summarize.run import Options, refusal_line, summarize
+    from client.summarize.run import Options, refusal_line, summarize
 
     options = Options(
         window=args.deadline,
@@ -156,7 +156,7 @@ async def _summarize(
 async def _submit(
     settings: Settings, api_url: str, key: str | None, args: argparse.Namespace, console: Console
 ) -> int:
-    from producers.demo import read_documents
+    from client.demo import read_documents
     from schemas.jobs import JobKind
 
     docs, skipped = read_documents(args.files, max_bytes=settings.max_input_bytes)

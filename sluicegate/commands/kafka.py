@@ -10,13 +10,13 @@ import os
 import subprocess
 import sys
 
+from plumbing.settings import Settings
 from sluicegate.local import info as stack_info
 from sluicegate.local.broker import dist
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.choose import home_of
 from sluicegate.local.embedded import EmbeddedError
 from sluicegate.process import run_until_signal
-from sluicegate.settings import Settings
 
 CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
 # The JVM's exit status after SIGTERM once its shutdown hooks (Kafka's controlled

@@ -9,10 +9,10 @@ import sys
 
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from plumbing.db import make_engine
+from plumbing.settings import Settings
 from producers.tenancy.repository import KeyStore
-from sluicegate.db import make_engine
 from sluicegate.local import info as stack_info
-from sluicegate.settings import Settings
 
 
 def database_url(settings: Settings) -> str | None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import sys
 
+from plumbing.settings import Settings
 from sluicegate.local import model as models
 from sluicegate.local.broker import dist
 from sluicegate.local.broker.choose import home_of
-from sluicegate.settings import Settings
 
 
 def pull_model(settings: Settings) -> None:

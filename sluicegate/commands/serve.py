@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from plumbing.settings import MissingSetting, Settings
 from producers import service
 from sluicegate import migrate
+from sluicegate.local import model as models
 from sluicegate.process import configure_logging, run_until_signal
-from sluicegate.settings import MissingSetting, Settings
 from workers.engines.errors import EngineError
 from workers.engines.llamacpp import server as llamacpp_server
 from workers.engines.sim import server as sim_server
@@ -38,7 +39,8 @@ def _run(settings: Settings, args: argparse.Namespace) -> None:
         _sim_server(settings, args)
     elif command == "llama-server":
         try:
-            run_until_signal(lambda stop: llamacpp_server.serve(settings, stop))
+            model = models.model_file(settings)
+            run_until_signal(lambda stop: llamacpp_server.serve(settings, model, stop))
         except llamacpp_server.ServerNotStarted as exc:
             sys.exit(str(exc))
     elif command == "relay":

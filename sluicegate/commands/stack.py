@@ -11,11 +11,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from producers import demo
+from client import demo
+from client.samples import sample_documents
+from plumbing.db import make_engine
+from plumbing.settings import Settings
 from producers.outbox.repository import OutboxStore
 from producers.tenancy.repository import KeyStore
 from schemas import constants
-from sluicegate.db import make_engine
 from sluicegate.local import key as local_key
 from sluicegate.local import model as models
 from sluicegate.local.broker.choose import Choice, choose
@@ -24,8 +26,6 @@ from sluicegate.local.embedded import EmbeddedError
 from sluicegate.local.lock import DataDirLock, StackRunning, stop_orphans
 from sluicegate.local.stack import Stack, StartFailed
 from sluicegate.process import configure_logging, run_until_signal
-from sluicegate.samples import sample_documents
-from sluicegate.settings import Settings
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
@@ -129,15 +129,11 @@ def _workers(count: int | None, engine: str, at_least: int = 0) -> int:
     return count
 
 
-def model_file(settings: Settings) -> Path:
-    return settings.llamacpp_model_path or models.model_path(settings.data_dir)
-
-
 def _demo_engine(settings: Settings) -> str:
     """The real model when it is here, else the simulator (with a word on how to get it)."""
     if "engine" in settings.model_fields_set:
         return settings.engine
-    if model_file(settings).is_file():
+    if models.model_file(settings).is_file():
         return "llamacpp"
     print(
         "no model pulled: the demo runs on the simulator "
@@ -149,7 +145,7 @@ def _demo_engine(settings: Settings) -> str:
 
 def _engine(settings: Settings, engine: str) -> str:
     """The engine, checked: llamacpp needs the model file (never fetched here)."""
-    if engine == "llamacpp" and not (model := model_file(settings)).is_file():
+    if engine == "llamacpp" and not (model := models.model_file(settings)).is_file():
         sys.exit(f"no model at {model}: run `sluicegate model pull` first")
     return engine
 
@@ -233,7 +229,7 @@ def broker_line(stack: Stack) -> str:
 
 def engine_line(stack: Stack) -> str:
     if stack.engine == "llamacpp":
-        return f"llamacpp: {model_file(stack.settings).name} on llama.cpp " + " ".join(
+        return f"llamacpp: {models.model_file(stack.settings).name} on llama.cpp " + " ".join(
             stack.engine_urls
         )
     return stack.engine

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sluicegate.settings import Settings
+from plumbing.settings import Settings
 
 FILE = "api_key"
 

@@ -19,6 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from plumbing.settings import Settings
 from schemas.errors import SluicegateError
 
 CHUNK = 1 << 20
@@ -66,6 +67,12 @@ class ChecksumMismatch(ModelError):
     """A downloaded or extracted file does not have the expected sha256."""
 
     code = "model_checksum_mismatch"
+
+
+def model_file(settings: Settings) -> Path:
+    """The GGUF file the llama.cpp engine serves: ``llamacpp_model_path``, else the pulled
+    model in the data directory."""
+    return settings.llamacpp_model_path or model_path(settings.data_dir)
 
 
 def model_path(data_dir: Path, spec: ModelSpec = BUNDLED) -> Path:

@@ -15,15 +15,15 @@ from typing import IO, Any
 
 import httpx
 
+from plumbing.kafka import ensure_topics
+from plumbing.settings import Settings
 from sluicegate import migrate
-from sluicegate.kafka import ensure_topics
 from sluicegate.local import info as stack_info
 from sluicegate.local.broker.base import Broker, BrokerInfo
 from sluicegate.local.broker.choose import Choice, make_broker
 from sluicegate.local.broker.tansu import WORKAROUNDS as TANSU_WORKAROUNDS
 from sluicegate.local.embedded import EmbeddedPostgres, free_port
 from sluicegate.local.lock import DataDirLock
-from sluicegate.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from typing import IO
 import httpx
 import psutil
 
+from client.samples import sample_documents
+from plumbing.settings import Settings
 from sluicegate.local.broker import dist
 from sluicegate.local.embedded import free_port
-from sluicegate.samples import sample_documents
-from sluicegate.settings import Settings
 from tests import brokers
 
 STARTUP_S = 90

@@ -16,10 +16,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.batches.meter_repository import BACKLOG_STATES
 from schemas.constants import M_LAG
 from schemas.tables import jobs, outbox
-from sluicegate.settings import Settings
 from tests.faults.outcomes import terminal_event, until
 from tests.faults.processes import roles
 from tests.integration.serving import serve

@@ -36,11 +36,11 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from fastapi import Response
 
+from plumbing.settings import Settings
 from schemas import constants
 from schemas import webhooks as webhook_schemas
 from schemas.states import JobState
 from sluicegate.local.embedded import free_port
-from sluicegate.settings import Settings
 from tests.e2e import prometheus as prom
 from tests.faults.processes import Role, roles
 from tests.faults.test_webhook_receiver import failing

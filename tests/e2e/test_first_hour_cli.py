@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from client.samples import sample_documents
 from sluicegate.local.embedded import free_port
-from sluicegate.samples import sample_documents
 from tests.e2e.cli import assert_one_line_error, env_for, run, start
 from tests.e2e.stack import RunningStack, start_stack
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluicegate.samples import sample_documents
+from client.samples import sample_documents
 from tests.e2e.stack import RunningStack, wait_terminal
 from tests.llamacpp import bundled_model
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sluicegate.samples import sample_documents
+from client.samples import sample_documents
 from tests.e2e.stack import RunningStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]

@@ -14,10 +14,10 @@ import httpx
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from schemas.envelopes import JobEvent
 from schemas.states import TERMINAL_STATES
 from schemas.tables import jobs, outbox
-from sluicegate.settings import Settings
 from tests.topics import log_records
 
 TERMINAL = {s.value for s in TERMINAL_STATES}

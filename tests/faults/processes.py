@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from plumbing.settings import Settings
 from schemas.constants import M_JOBS_RUNNING
-from sluicegate.settings import Settings
 
 
 def environment(settings: Settings) -> dict[str, str]:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sluicegate.kafka import ensure_topics
+from plumbing.kafka import ensure_topics
+from plumbing.settings import Settings
 from sluicegate.local.broker.apache import ApacheKafka
-from sluicegate.settings import Settings
 from tests.brokers import on_broker
 from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until
 from tests.faults.processes import roles

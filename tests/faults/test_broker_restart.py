@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.kafka import ensure_topics
+from plumbing.settings import Settings
 from schemas.states import TERMINAL_STATES
 from schemas.tables import outbox
-from sluicegate.kafka import ensure_topics
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import TansuBroker
-from sluicegate.settings import Settings
 from tests.brokers import on_broker, restart_on_a_lost_log
 from tests.faults.outcomes import states, terminal_event, until
 from tests.faults.processes import roles

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from plumbing.db import make_engine
+from plumbing.settings import Settings
 from sluicegate import migrate
-from sluicegate.db import make_engine
 from sluicegate.local.embedded import EmbeddedPostgres
-from sluicegate.settings import Settings
 from tests.faults.outcomes import states, until
 from tests.faults.processes import roles
 from tests.faults.test_worker_kill import DOC

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sluicegate.settings import Settings
+from plumbing.settings import Settings
 from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until
 from tests.faults.processes import assigned, roles
 from tests.integration.serving import serve

@@ -14,10 +14,10 @@ from aiokafka import AIOKafkaProducer
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from schemas.envelopes import DeadRecord, DispatchEnvelope
 from schemas.jobs import JobKind, Priority
 from schemas.tables import dead_letters
-from sluicegate.settings import Settings
 from tests.faults.outcomes import states, until
 from tests.faults.processes import roles
 from tests.faults.test_worker_kill import DOC

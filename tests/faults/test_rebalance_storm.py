@@ -19,11 +19,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from schemas.envelopes import JobEvent
 from schemas.states import TERMINAL_STATES, JobState
 from schemas.tables import jobs, outbox
 from sluicegate.local.embedded import free_port
-from sluicegate.settings import Settings
 from tests.faults.outcomes import states, until
 from tests.faults.processes import Role, Roles, jobs_running, roles
 from tests.faults.test_worker_kill import DOC

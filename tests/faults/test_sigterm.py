@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sluicegate.settings import Settings
+from plumbing.settings import Settings
 from tests.faults.processes import roles
 
 pytestmark = pytest.mark.timeout(180)

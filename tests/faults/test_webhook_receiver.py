@@ -24,6 +24,7 @@ from fastapi import Response
 from sqlalchemy import Row, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from schemas.tables import (
     dead_letters,
     outbox,
@@ -31,7 +32,6 @@ from schemas.tables import (
     webhook_deliveries,
     webhook_endpoints,
 )
-from sluicegate.settings import Settings
 from tests.faults.processes import roles
 from tests.integration.serving import serve
 from tests.integration.test_webhooks import dead_letter_records

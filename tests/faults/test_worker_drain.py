@@ -12,9 +12,9 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from schemas.states import TERMINAL_STATES
 from sluicegate.local.embedded import free_port
-from sluicegate.settings import Settings
 from tests.faults.outcomes import states, until
 from tests.faults.processes import assigned, jobs_running, roles
 from tests.faults.test_worker_kill import DOC

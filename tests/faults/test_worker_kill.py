@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from schemas.states import TERMINAL_STATES
 from schemas.tables import outbox, webhook_deliveries
-from sluicegate.settings import Settings
 from tests.faults.outcomes import states, terminal_event, until
 from tests.faults.processes import roles
 from tests.integration.serving import serve

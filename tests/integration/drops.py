@@ -10,9 +10,9 @@ from typing import Any
 import asyncpg
 
 from benchmarks.overload import Counting
+from plumbing.db import libpq_url
+from plumbing.settings import Settings
 from schemas.states import JobState
-from sluicegate.db import libpq_url
-from sluicegate.settings import Settings
 from workers.engines.sim.engine import SimEngine
 
 # 600 sentences: about 10k prompt tokens, and a summary that runs to ~2,000 output tokens.

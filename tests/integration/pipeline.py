@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 
+from plumbing.settings import Settings
 from producers.api.app import create_app
-from sluicegate.settings import Settings
 
 TERMINAL = {"succeeded", "failed", "expired", "cancelled", "abandoned"}
 DOC = (

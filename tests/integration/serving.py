@@ -13,8 +13,8 @@ import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.api.app import create_app
-from sluicegate.settings import Settings
 
 
 async def until(check: Callable[[], bool], within_s: float = 5.0) -> None:

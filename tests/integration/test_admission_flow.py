@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import func, select
 
+from plumbing.db import make_engine
+from plumbing.settings import Settings
 from producers.jobs.repository import JobRepository
 from producers.lag.kafka import KafkaLagSource
 from producers.lag.monitor import LagMonitor
 from producers.lag.rule import Reading
 from producers.service import run_relay
 from schemas.tables import jobs
-from sluicegate.db import make_engine
-from sluicegate.settings import Settings
 from tests.integration.pipeline import DOC, Pipeline, open_pipeline
 from workers.service import run_worker
 

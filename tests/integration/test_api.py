@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.db import make_engine
+from plumbing.settings import Settings
 from producers.api.app import create_app
 from schemas.tables import jobs, outbox
-from sluicegate.db import make_engine
-from sluicegate.settings import Settings
 
 DOC = "Sluicegate keeps accepted jobs durable. Every refusal is explicit."
 

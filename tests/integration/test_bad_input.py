@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.api.app import create_app
 from schemas.tables import batches, jobs, outbox
-from sluicegate.settings import Settings
 from tests.integration.serving import serve, serving
 
 TENANT = {"X-Sluicegate-Tenant": "acme"}

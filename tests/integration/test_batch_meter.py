@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.batches.input import chunked
 from producers.batches.meter import room
 from producers.batches.meter_repository import Backlog, MeterStore
@@ -20,7 +21,6 @@ from producers.batches.repository import BatchRequest, BatchStore, NewBatch
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import JobKind, Priority
 from schemas.tables import jobs, outbox
-from sluicegate.settings import Settings
 from tests.integration.serving import serve
 from tests.integration.test_batches import chat
 

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import event, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from schemas.tables import batches, jobs, outbox
-from sluicegate.settings import Settings
 from tests.integration.serving import serve
 
 TENANT = {"X-Sluicegate-Tenant": "acme"}

@@ -7,13 +7,13 @@ from collections import Counter
 
 from sqlalchemy import select
 
+from plumbing.db import make_engine
+from plumbing.kafka import ensure_topics
+from plumbing.settings import Settings
 from producers.service import run_relay
 from schemas.tables import outbox
-from sluicegate.db import make_engine
-from sluicegate.kafka import ensure_topics
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import TansuBroker
-from sluicegate.settings import Settings
 from tests.brokers import on_broker, restart_on_a_lost_log
 from tests.integration.pipeline import open_pipeline
 from workers.service import run_worker

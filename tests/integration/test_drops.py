@@ -11,14 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
+from plumbing.db import make_engine
+from plumbing.metrics import registry
+from plumbing.settings import Settings
 from producers.api.app import create_app
 from producers.jobs.repository import JobRepository
 from producers.service import run_relay
 from schemas.errors import JobAlreadyTerminal
 from schemas.states import JobState
-from sluicegate.db import make_engine
-from sluicegate.metrics import registry
-from sluicegate.settings import Settings
 from tests.integration.drops import (
     LONG_DOC,
     SHORT_DOC,

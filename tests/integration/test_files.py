@@ -16,11 +16,11 @@ from openai import OpenAI
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.api.app import create_app
 from producers.files.repository import FileStore
 from producers.tenancy.repository import KeyStore
 from schemas.tables import file_parts, files
-from sluicegate.settings import Settings
 from tests.integration.serving import serve, serving
 
 ACME = {"X-Sluicegate-Tenant": "acme"}

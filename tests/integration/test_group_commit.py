@@ -13,12 +13,12 @@ from sqlalchemy import event, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.db import make_engine
 from producers.jobs.group_commit import GroupCommit
 from producers.jobs.repository import JobRepository
 from schemas.errors import IdempotencyConflict
 from schemas.jobs import JobKind, NewJob, Priority
 from schemas.tables import jobs, outbox
-from sluicegate.db import make_engine
 
 
 def new(text: str = "A document.", *, key: str | None = None, digest: str | None = None) -> NewJob:

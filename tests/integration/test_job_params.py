@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.service import run_relay
 from schemas.tables import jobs
-from sluicegate.settings import Settings
 from tests.integration.pipeline import Pipeline, open_pipeline
 from workers.engines.base import GenerationRequest, SamplingParams
 from workers.engines.sim.engine import SimEngine

@@ -14,11 +14,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from sqlalchemy import select
 
+from plumbing.db import make_engine
+from plumbing.settings import Settings
 from producers.service import run_relay
 from schemas.envelopes import DispatchEnvelope
 from schemas.tables import outbox
-from sluicegate.db import make_engine
-from sluicegate.settings import Settings
 from tests.integration.pipeline import Pipeline, open_pipeline
 from workers.consumer import Worker
 from workers.engines.sim.engine import SimEngine

@@ -10,11 +10,11 @@ import asyncio
 from aiokafka.errors import KafkaConnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.lag.kafka import KafkaLagSource
 from producers.lag.monitor import LagMonitor
 from producers.lag.rule import Reading
 from producers.lag.shared import SharedLagSource
-from sluicegate.settings import Settings
 
 
 class Counted(KafkaLagSource):

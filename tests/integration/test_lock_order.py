@@ -1,6 +1,6 @@
 """No deadlock on job rows: several workers, the relay, the reconciler and batch cancels on
 one database and broker, over thousands of jobs, with every statement that locks several
-job rows taking them in one order (``sluicegate.db.locking_in_order``).
+job rows taking them in one order (``plumbing.db.locking_in_order``).
 
 PostgreSQL counts the deadlocks it broke in ``pg_stat_database.deadlocks``; the run must
 add none, and no role may end on a database error.
@@ -15,6 +15,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.db import make_engine
+from plumbing.settings import Settings
 from producers.batches.repository import BatchStore
 from producers.outbox.log import LogReader
 from producers.outbox.reconciler import Reconciler
@@ -23,8 +25,6 @@ from producers.outbox.repository import OutboxStore, dispatch_row
 from schemas.batches import BatchTerminal
 from schemas.states import JobState
 from schemas.tables import jobs, outbox
-from sluicegate.db import make_engine
-from sluicegate.settings import Settings
 from tests.integration.test_retention import batch_of
 from workers.engines.sim.engine import SimEngine
 from workers.service import run_worker

@@ -21,11 +21,11 @@ import pytest
 from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.kafka import cluster_id, make_producer
+from plumbing.settings import Settings
 from producers.batches.repository import BatchStore
 from producers.outbox.repository import Acked, OutboxRow, OutboxStore, dispatch_row
 from schemas.tables import jobs, outbox
-from sluicegate.kafka import cluster_id, make_producer
-from sluicegate.settings import Settings
 from tests.integration.test_retention import batch_of
 from workers.repository import WorkerRepository
 

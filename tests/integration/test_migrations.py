@@ -9,9 +9,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection, make_url
 
+from plumbing.db import libpq_url, make_engine
 from schemas.tables import metadata
 from sluicegate import migrate
-from sluicegate.db import libpq_url, make_engine
 
 
 def _diff(connection: Connection) -> list[object]:

@@ -30,8 +30,8 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.api.app import create_app
-from sluicegate.settings import Settings
 
 TENANT = {"X-Sluicegate-Tenant": "fuzz"}
 BASE = "http://sg"

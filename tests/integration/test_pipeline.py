@@ -9,10 +9,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from sqlalchemy import Select, func, select
 
+from plumbing.db import make_engine
+from plumbing.settings import Settings
 from producers.service import run_relay
 from schemas.tables import jobs, outbox
-from sluicegate.db import make_engine
-from sluicegate.settings import Settings
 from tests.integration.pipeline import Pipeline, open_pipeline
 from workers.service import run_worker
 

@@ -9,14 +9,14 @@ import asyncio
 
 from sqlalchemy import select
 
+from plumbing.db import make_engine
+from plumbing.kafka import cluster_id, ensure_topics
+from plumbing.settings import Settings
 from producers.outbox.relay import OutboxRelay
 from producers.outbox.repository import OutboxStore
 from schemas.tables import jobs
-from sluicegate.db import make_engine
-from sluicegate.kafka import cluster_id, ensure_topics
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import TansuBroker
-from sluicegate.settings import Settings
 from tests.brokers import on_broker, restart_on_a_lost_log
 from tests.integration.pipeline import open_pipeline
 

@@ -15,10 +15,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.kafka import cluster_id, make_producer
+from plumbing.settings import Settings
 from producers.outbox.repository import Acked, OutboxRow, OutboxStore, dispatch_row
 from schemas.tables import jobs, outbox, partition_ends
-from sluicegate.kafka import cluster_id, make_producer
-from sluicegate.settings import Settings
 from tests.integration.test_relay_log import relay_only
 from tests.integration.test_retention import job
 

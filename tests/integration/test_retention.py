@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.batches.input import chunked
 from producers.batches.repository import BatchRequest, BatchStore
 from producers.jobs.submit_repository import new_job_id
@@ -23,7 +24,6 @@ from schemas.tables import (
     webhook_attempts,
     webhook_deliveries,
 )
-from sluicegate.settings import Settings
 from tests.integration.test_batch_meter import new
 
 NOW = datetime.now(UTC)

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from plumbing.settings import Settings
 from sluicegate.local import info as stack_info
 from sluicegate.local.stack import Child, Stack
-from sluicegate.settings import Settings
 
 
 def stack_of(tmp_path: Path, workers: int = 2, **settings: Any) -> Stack:

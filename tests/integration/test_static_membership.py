@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sluicegate.settings import Settings
+from plumbing.settings import Settings
 from tests.faults.processes import Role, assigned, roles
 from tests.integration.serving import serve
 

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import event, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from schemas.tables import jobs
-from sluicegate.settings import Settings
 from tests.integration.serving import serve
 
 DOC = "Status answers say when to look again. " * 4

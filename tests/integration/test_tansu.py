@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.lag.kafka import KafkaLagSource
 from producers.outbox.log import LogReader
 from producers.service import run_relay
-from sluicegate.settings import Settings
 from tests.integration.pipeline import Pipeline, open_pipeline
 from workers.service import run_worker
 

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.settings import Settings
 from producers.tenancy.keys import hash_key, key_id
 from producers.tenancy.repository import KeyStore
 from schemas.tables import api_keys
-from sluicegate.settings import Settings
 from tests.integration.serving import serve
 
 JOB = {"kind": "summarize", "input": "Keys scope every read and write.", "ttl_s": 600}

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from plumbing.db import libpq_url
+from plumbing.settings import Settings
 from producers.api.app import create_app
 from producers.api.waiting import Waiters, WaitersFull
-from sluicegate.db import libpq_url
-from sluicegate.settings import Settings
 from tests.integration.serving import post_then_hang_up, serving, until
 
 MAX_WAIT_S = 5.0

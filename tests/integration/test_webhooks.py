@@ -12,6 +12,8 @@ from typing import Any
 from fastapi import Response
 from sqlalchemy import delete, insert, select, update
 
+from plumbing.db import make_engine
+from plumbing.settings import Settings
 from schemas.tables import (
     batches,
     dead_letters,
@@ -20,8 +22,6 @@ from schemas.tables import (
     webhook_attempts,
     webhook_endpoints,
 )
-from sluicegate.db import make_engine
-from sluicegate.settings import Settings
 from tests.integration.webhooks import (
     Receiver,
     create_secret,

@@ -17,8 +17,8 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from plumbing.settings import Settings
 from producers.service import run_relay
-from sluicegate.settings import Settings
 from tests.integration.pipeline import DOC, Pipeline, open_pipeline
 from tests.integration.serving import until
 from workers.service import run_worker

@@ -6,11 +6,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from plumbing.settings import Settings
 from producers.jobs.submission import new_job
 from schemas.api import SubmitJob
 from schemas.jobs import JobKind
 from schemas.webhooks import InvalidCallbackUrl, check_callback_url
-from sluicegate.settings import Settings
 
 
 @pytest.mark.parametrize(

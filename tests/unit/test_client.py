@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from producers.client import ApiError, RetryPolicy, SluicegateClient, Unreachable
+from client.api import ApiError, RetryPolicy, SluicegateClient, Unreachable
 from schemas.jobs import JobKind
 
 ACCEPTED = {

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from plumbing.settings import Settings
 from schemas import constants
 from schemas import webhooks as webhook_schemas
-from sluicegate.settings import Settings
 from tests.unit.deploy.metrics import exported_series
 from workers.engines.sim.protocol import CompletionRequest
 

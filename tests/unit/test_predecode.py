@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from plumbing.notify import JobNotice
 from schemas.jobs import JobKind
 from schemas.states import JobState
-from sluicegate.notify import JobNotice
 from workers.gate import Candidate, Drop, PreDecodeGate, lease_lapsed
 from workers.kv import ExpectedOutput
 from workers.speed import SpeedMeter

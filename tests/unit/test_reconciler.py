@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from plumbing.settings import Settings
 from producers.outbox import rule
 from producers.outbox.reconciler import Reconciler
 from producers.outbox.rule import LogView, Position
-from sluicegate.settings import Settings
 
 VIEW = LogView(log="A", first={0: 10}, end={0: 50}, exact_end=True, committed={0: 30})
 

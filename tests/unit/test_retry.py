@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from sluicegate.metrics import DATABASE_RETRIES, registry
-from sluicegate.retry import retrying, transient_error
+from plumbing.metrics import DATABASE_RETRIES, registry
+from plumbing.retry import retrying, transient_error
 
 
 class Orig(Exception):

@@ -8,9 +8,9 @@ import pytest
 import producers.metrics  # noqa: F401
 import workers.metrics
 import workers.webhooks.dispatch  # noqa: F401
+from plumbing.metrics import ROLES, Role, exposition, registry
 from schemas import constants as c
 from schemas.webhooks import M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED
-from sluicegate.metrics import ROLES, Role, exposition, registry
 
 SHARED = {c.M_DATABASE_RETRIES}
 OWN: dict[Role, set[str]] = {

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from plumbing.settings import Settings
 from producers.batches.input import requests_of
 from producers.jobs.submission import new_job, request_hash
 from schemas.api import SubmitJob
@@ -17,7 +18,6 @@ from schemas.batch_lines import RequestLine, line_request
 from schemas.batches import InvalidBatch
 from schemas.jobs import JobKind
 from schemas.sampling import ModelNotFound, check_model, sampling_params
-from sluicegate.settings import Settings
 from workers.engines.base import GenerationRequest, SamplingParams, openai_sampling
 from workers.engines.errors import UnsupportedParameter
 from workers.engines.llamacpp.engine import check_sampling

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.settings import GROUPS, Settings, SettingsGroup, default_data_dir
+from plumbing.settings import GROUPS, Settings, SettingsGroup, default_data_dir
 from tools import settingsdoc
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,6 +3,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
+from plumbing.settings import Settings
 from producers.jobs.submission import (
     DeadlineInPast,
     DeadlineTooFar,
@@ -13,7 +14,6 @@ from producers.jobs.submission import (
 )
 from schemas.api import SubmitJob
 from schemas.errors import InvalidRequest
-from sluicegate.settings import Settings
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 SETTINGS = Settings(max_input_bytes=100, max_tokens_limit=1000, default_ttl_s=60, max_ttl_s=3600)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sluicegate.samples import sample_documents
+from client.samples import sample_documents
 from workers.engines.sim.summarize import (
     content_words,
     score_sentences,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from producers.summarize.documents import Skipped
-from producers.summarize.requests import (
+from client.summarize.documents import Skipped
+from client.summarize.requests import (
     InputError,
     Resume,
     Written,

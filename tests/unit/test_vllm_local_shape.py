@@ -57,7 +57,7 @@ def test_the_module_imports_without_vllm(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_the_worker_builds_it_without_starting_it() -> None:
-    from sluicegate.settings import Settings
+    from plumbing.settings import Settings
     from workers.service import build_engine
 
     built = build_engine(Settings(engine="vllm_local", vllm_model="facebook/opt-125m"))

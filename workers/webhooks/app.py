@@ -13,8 +13,8 @@ from typing import Any
 
 import faust
 
-from sluicegate.kafka import ensure_topics
-from sluicegate.settings import Settings
+from plumbing.kafka import ensure_topics
+from plumbing.settings import Settings
 
 # One record of the events topic: topic, partition, offset, value.
 Handler = Callable[[str, int, int, bytes], Awaitable[None]]

@@ -233,7 +233,7 @@ class AttemptRepository:
                         webhook_deliveries.c.state == _PENDING,
                         webhook_deliveries.c.id != claimed.id,
                     )
-                    .order_by(webhook_deliveries.c.id)  # one lock order (sluicegate.lock_store)
+                    .order_by(webhook_deliveries.c.id)  # one lock order (plumbing.lock_store)
                 )
                 for other in list(others):
                     disabled += await self._dead(conn, other, None, ENDPOINT_DISABLED)

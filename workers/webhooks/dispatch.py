@@ -19,11 +19,11 @@ from prometheus_client import Counter as MetricCounter
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from plumbing.aio import wait_first
+from plumbing.metrics import registry
+from plumbing.retry import count as count_retry
 from schemas.constants import M_DEAD_LETTERED
 from schemas.webhooks import DEAD_LETTER_SOURCE, M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED
-from sluicegate.aio import wait_first
-from sluicegate.metrics import registry
-from sluicegate.retry import count as count_retry
 from workers.webhooks.attempt_repository import AttemptRepository, Claimed, Endpoint
 from workers.webhooks.http import WebhookClient
 from workers.webhooks.retry import Answer, Outcome, RetrySchedule, Uniform, judge

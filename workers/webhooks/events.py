@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from plumbing.retry import count as count_retry
 from schemas.envelopes import JobEvent
-from sluicegate.retry import count as count_retry
 from workers.webhooks.delivery_repository import DeliveryRepository
 from workers.webhooks.dispatch import DEAD_LETTERED, Dispatcher
 from workers.webhooks.retry import RetrySchedule, Uniform

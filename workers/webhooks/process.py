@@ -10,11 +10,11 @@ import asyncio
 import logging
 import random
 
+from plumbing.db import make_engine
+from plumbing.metrics import serve as serve_metrics
+from plumbing.notify import Listener
+from plumbing.settings import Settings
 from schemas.webhooks import WEBHOOKS_CHANNEL
-from sluicegate.db import make_engine
-from sluicegate.metrics import serve as serve_metrics
-from sluicegate.notify import Listener
-from sluicegate.settings import Settings
 from workers.webhooks.app import consume
 from workers.webhooks.attempt_repository import AttemptRepository
 from workers.webhooks.delivery_repository import DeliveryRepository

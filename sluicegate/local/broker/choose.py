@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from plumbing.settings import Settings
 from sluicegate.local.broker import dist
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.base import Broker, BrokerKind
 from sluicegate.local.broker.tansu import TansuBroker
-from sluicegate.settings import Settings
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,8 +15,8 @@ from unittest import mock
 
 import yaml
 
+from plumbing.settings import Settings
 from sluicegate.cli import _parser as cli_parser
-from sluicegate.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = ROOT / "docker-compose.yml"

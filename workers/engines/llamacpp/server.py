@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sluicegate.local import model as models
-from sluicegate.settings import Settings
+from plumbing.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +32,6 @@ class ServerNotStarted(Exception):
 
 class ModelMissing(ServerNotStarted):
     pass
-
-
-def model_file(settings: Settings) -> Path:
-    return settings.llamacpp_model_path or models.model_path(settings.data_dir)
 
 
 def server_params(settings: Settings, model: Path) -> Any:
@@ -65,11 +60,10 @@ def port_of(url: str) -> int:
     return port
 
 
-async def serve(settings: Settings, stop: asyncio.Event) -> None:
-    """Run the server until ``stop`` is set. ModelMissing if the model file is not there,
-    ServerNotStarted if llama.cpp refuses it."""
-    model = model_file(settings)
-    if not model.is_file():
+async def serve(settings: Settings, model: Path, stop: asyncio.Event) -> None:
+    """Run the server on the GGUF file ``model`` until ``stop`` is set. ModelMissing if the
+    file is not there, ServerNotStarted if llama.cpp refuses it."""
+    if not await asyncio.to_thread(model.is_file):
         raise ModelMissing(f"no model at {model}: run `sluicegate model pull` first")
     import xllamacpp
 

@@ -25,7 +25,7 @@ from tenacity import (
     stop_after_attempt,
 )
 
-from sluicegate.metrics import DATABASE_RETRIES
+from plumbing.metrics import DATABASE_RETRIES
 
 log = logging.getLogger(__name__)
 

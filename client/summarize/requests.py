@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from producers.summarize.documents import DOCUMENT_SUFFIXES, Folder, Skipped, decode, read_path
+from client.summarize.documents import DOCUMENT_SUFFIXES, Folder, Skipped, decode, read_path
 
 SUMMARIZE_URL = "/v1/summarize"
 

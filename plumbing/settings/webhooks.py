@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import Field, IPvAnyNetwork, NonNegativeFloat
 
-from sluicegate.settings.base import SettingsGroup
+from plumbing.settings.base import SettingsGroup
 
 
 class WebhookSettings(SettingsGroup):

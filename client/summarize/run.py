@@ -23,10 +23,10 @@ from typing import Any
 
 from rich.console import Console
 
-from producers.client import ApiError, SluicegateClient
-from producers.summarize.documents import DOCUMENT_SUFFIXES
-from producers.summarize.report import Report, counts_text, span, when
-from producers.summarize.requests import (
+from client.api import ApiError, SluicegateClient
+from client.summarize.documents import DOCUMENT_SUFFIXES
+from client.summarize.report import Report, counts_text, span, when
+from client.summarize.requests import (
     Input,
     InputError,
     Resume,

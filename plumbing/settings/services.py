@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 from platformdirs import user_data_path
 from pydantic import Field
 
-from sluicegate.settings.base import SettingsGroup
+from plumbing.settings.base import SettingsGroup
 
 
 def default_data_dir() -> Path:

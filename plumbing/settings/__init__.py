@@ -3,16 +3,16 @@ in groups by role, one class each; docs/settings.md lists them (tools/settingsdo
 
 from __future__ import annotations
 
-from sluicegate.settings.admission import AdmissionSettings
-from sluicegate.settings.api import ApiSettings
-from sluicegate.settings.base import SettingsGroup
-from sluicegate.settings.engines import LlamacppSettings, SimSettings, VllmSettings
-from sluicegate.settings.kafka import KafkaSettings
-from sluicegate.settings.relay import RelaySettings
-from sluicegate.settings.retention import RetentionSettings
-from sluicegate.settings.services import CommonSettings, LocalStackSettings, default_data_dir
-from sluicegate.settings.webhooks import WebhookSettings
-from sluicegate.settings.worker import WorkerSettings
+from plumbing.settings.admission import AdmissionSettings
+from plumbing.settings.api import ApiSettings
+from plumbing.settings.base import SettingsGroup
+from plumbing.settings.engines import LlamacppSettings, SimSettings, VllmSettings
+from plumbing.settings.kafka import KafkaSettings
+from plumbing.settings.relay import RelaySettings
+from plumbing.settings.retention import RetentionSettings
+from plumbing.settings.services import CommonSettings, LocalStackSettings, default_data_dir
+from plumbing.settings.webhooks import WebhookSettings
+from plumbing.settings.worker import WorkerSettings
 
 __all__ = [
     "GROUPS",

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from producers.client import RetryPolicy, SluicegateClient
-from producers.summarize.documents import Skipped, read_path
+from client.api import RetryPolicy, SluicegateClient
+from client.summarize.documents import Skipped, read_path
 from schemas.api import JobView
 from schemas.jobs import JobKind
 
@@ -33,7 +33,7 @@ def read_documents(
     paths: list[Path], *, max_bytes: int
 ) -> tuple[list[tuple[str, str]], list[Skipped]]:
     """(name, text) for each file, or each *.txt/*.md file under a folder; and the files
-    that cannot be documents, with why (``producers.summarize.documents``)."""
+    that cannot be documents, with why (``client.summarize.documents``)."""
     found: list[tuple[str, str]] = []
     skipped: list[Skipped] = []
     for path in paths:

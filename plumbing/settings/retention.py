@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from sluicegate.settings.base import SettingsGroup
+from plumbing.settings.base import SettingsGroup
 
 DAY_S = 86_400.0
 

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from sluicegate.settings.base import SettingsGroup
+from plumbing.settings.base import SettingsGroup
 
 
 class WorkerSettings(SettingsGroup):

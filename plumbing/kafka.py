@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
-from sluicegate.retry import retriable_broker_error, retrying
+from plumbing.retry import retriable_broker_error, retrying
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from plumbing.settings.base import SettingsGroup
 from schemas import constants
-from sluicegate.settings.base import SettingsGroup
 
 
 class KafkaSettings(SettingsGroup):

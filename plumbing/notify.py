@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from sluicegate.aio import wait_first
-from sluicegate.db import libpq_url
+from plumbing.aio import wait_first
+from plumbing.db import libpq_url
 
 log = logging.getLogger(__name__)
 

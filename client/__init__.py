@@ -1,0 +1,5 @@
+"""The client side: the Python client of the HTTP API (``client.api``: async, with retries
+that honour Retry-After), the ``summarize`` command's work (``client.summarize``), the demo's
+console (``client.demo``) and its bundled sample documents (``client.samples``). It talks to
+the API over HTTP only: it imports ``schemas`` and the plumbing, never the producers or
+the workers."""
