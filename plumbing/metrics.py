@@ -6,8 +6,8 @@ API's. Instead each role's metrics are registered in ``registry(role)``, which a
 the process, platform and garbage-collector collectors, and a process serves only the
 registry of the role it runs (``serve``, or ``exposition`` for the API's ``/metrics``).
 
-``DATABASE_RETRIES`` is shared: each role retries transient database errors and counts
-them in the registry of the role it runs.
+``RETRIES`` is shared: each role retries what failed for a while (the database, the broker)
+through ``plumbing.retry`` and counts it in the registry of the role it runs.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from prometheus_client import (
     start_http_server,
 )
 
-from schemas.constants import M_DATABASE_RETRIES
+from schemas.constants import M_RETRIES
 
 Role = Literal["api", "relay", "worker", "webhooks"]
 ROLES: tuple[Role, ...] = ("api", "relay", "worker", "webhooks")
 
-DATABASE_RETRIES = Counter(
-    M_DATABASE_RETRIES,
-    "Database operations retried after a transient error (deadlock, serialization failure, "
-    "lost connection), by operation and error",
+RETRIES = Counter(
+    M_RETRIES,
+    "Operations retried after a transient error (a deadlock, a serialization failure, a lost "
+    "connection, the database or the broker failing), by operation and error",
     ["operation", "error"],
     registry=None,
 )
@@ -40,7 +40,7 @@ DATABASE_RETRIES = Counter(
 
 def _new() -> CollectorRegistry:
     registry = CollectorRegistry()
-    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, DATABASE_RETRIES):
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, RETRIES):
         registry.register(collector)
     return registry
 

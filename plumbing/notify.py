@@ -17,10 +17,10 @@ import asyncpg
 
 from plumbing.aio import wait_first
 from plumbing.db import libpq_url
+from plumbing.retry import Stopped, retrying
 
 log = logging.getLogger(__name__)
 
-MAX_BACKOFF_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,22 +61,20 @@ class Listener:
         self.connected = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = 0.1
         while not stop.is_set():
             lost = asyncio.Event()
             try:
-                conn = await asyncpg.connect(self._url, timeout=5)
-            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-                log.warning(
-                    "LISTEN %s unavailable, retrying in %.1fs: %r", self._channel, backoff, exc
+                conn = await retrying(
+                    f"listen_{self._channel}",
+                    lambda: asyncpg.connect(self._url, timeout=5),
+                    stop=stop,
+                    transient=_unreachable,
                 )
-                await wait_first(stop, limit_s=backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
-                continue
+            except Stopped:
+                return
             try:
                 conn.add_termination_listener(lambda _, lost=lost: lost.set())
                 await conn.add_listener(self._channel, self._notified)
-                backoff = 0.1
                 self.connected.set()
                 if self._on_connect is not None:
                     self._on_connect()
@@ -90,3 +88,8 @@ class Listener:
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         self._on_notice(str(payload))
+
+
+def _unreachable(exc: BaseException) -> str | None:
+    """The database could not be reached or refused the connection."""
+    return "connection" if isinstance(exc, OSError | asyncpg.PostgresError | TimeoutError) else None

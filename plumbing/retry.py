@@ -1,19 +1,34 @@
-"""Transient database errors, retried with a bounded, jittered backoff and counted.
+"""The one way anything retries: an operation run again after an error the caller's
+classifier calls transient, with a full-jitter exponential backoff, each retry logged and
+counted in ``sluicegate_retries_total{operation, error}`` (tenacity underneath).
 
-A deadlock (SQLSTATE 40P01), a serialization failure (40001) or a lost connection fails
-one transaction, not the process: the transaction rolled back, so running it again is
-safe. ``retrying`` runs an operation again up to ``attempts`` times, sleeping a random
-("full jitter") share of an exponential step capped at ``max_wait_s`` between tries, and
-counts each retry in ``sluicegate_database_retries_total{operation, error}``; the last
-error is raised when the attempts run out, for the caller's loop to back off further.
+Two shapes of the same helper, ``retrying``:
+
+- **bounded** (``attempts=N``): inside a request, where a caller waits (``IN_REQUEST``: a
+  cancel gets 5 tries, then ``503 database_busy``); the last error is raised;
+- **until it succeeds or ``stop`` is set** (``attempts=None``, the default): the loops that
+  must outlive an outage (the relay's round, the webhook dispatcher's claims and enqueues,
+  the LISTEN connection, a worker's consumer start and its result writes). ``Stopped`` is
+  raised when ``stop`` is set while it waits.
+
+The waits are a random share ("full jitter") of ``first_wait_s`` doubled at each try, capped
+at ``max_wait_s``: ``FIRST_BACKOFF_S`` and ``MAX_BACKOFF_S`` for the loops, defined here
+only. The jitter has a generator of its own, so the process-wide ``random`` stays the
+caller's.
+
+What is transient is the classifier's call: ``transient_error`` (a deadlock, a serialization
+failure, a lost connection: the transaction rolled back, so running it again is safe),
+``retriable_broker_error`` (Kafka says to retry), or ``outage`` (the database or the broker
+unreachable or failing, for the loops that retried any such error before).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -23,18 +38,30 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_after_attempt,
+    stop_never,
 )
 
-from plumbing.metrics import DATABASE_RETRIES
+from plumbing.aio import wait_first
+from plumbing.metrics import RETRIES
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# The jitter's own generator: the process-wide ``random`` stays the caller's.
+FIRST_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 5.0
+# Inside a request a caller waits: few tries, short waits.
+IN_REQUEST: dict[str, Any] = {"attempts": 5, "first_wait_s": 0.02, "max_wait_s": 1.0}
+
 _JITTER = random.Random()
 
 SQLSTATES = {"40P01": "deadlock", "40001": "serialization_failure"}
+
+Classifier = Callable[[BaseException], str | None]
+
+
+class Stopped(Exception):
+    """The stop event was set while the operation waited to be tried again."""
 
 
 def transient_error(exc: BaseException) -> str | None:
@@ -52,45 +79,82 @@ def transient_error(exc: BaseException) -> str | None:
     return None
 
 
-def count(operation: str, exc: BaseException) -> str | None:
-    """Count a retry of ``operation`` after ``exc`` if it is transient; its kind."""
-    kind = transient_error(exc)
-    if kind is not None:
-        DATABASE_RETRIES.labels(operation=operation, error=kind).inc()
-    return kind
-
-
 def retriable_broker_error(exc: BaseException) -> str | None:
     """The name of a Kafka error the broker says to retry (a coordinator still loading or
     moving, a leader not elected yet), or None."""
     return type(exc).__name__ if isinstance(exc, KafkaError) and exc.retriable else None
 
 
+def outage(exc: BaseException) -> str | None:
+    """A service down or failing: a transient database error, any other database error
+    (``database``), any Kafka error (``broker``) or a timeout (``timeout``); None else."""
+    if (kind := transient_error(exc)) is not None:
+        return kind
+    if isinstance(exc, DBAPIError):
+        return "database"
+    if isinstance(exc, KafkaError):
+        return "broker"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return None
+
+
+def count(
+    operation: str, exc: BaseException, transient: Classifier = transient_error
+) -> str | None:
+    """Count a retry of ``operation`` after ``exc`` if ``transient`` calls it so; its kind.
+    For the loops that try again at their next round instead of backing off."""
+    kind = transient(exc)
+    if kind is not None:
+        RETRIES.labels(operation=operation, error=kind).inc()
+    return kind
+
+
 async def retrying(
     operation: str,
     op: Callable[[], Awaitable[T]],
     *,
-    attempts: int = 5,
-    first_wait_s: float = 0.02,
-    max_wait_s: float = 1.0,
-    transient: Callable[[BaseException], str | None] = transient_error,
+    attempts: int | None = None,
+    stop: asyncio.Event | None = None,
+    transient: Classifier = transient_error,
+    first_wait_s: float = FIRST_BACKOFF_S,
+    max_wait_s: float = MAX_BACKOFF_S,
 ) -> T:
-    """``op()``, run again after a transient error, at most ``attempts`` times. Transient
-    are the database errors of ``transient_error`` (counted), or what ``transient`` says."""
+    """``op()``, run again after an error ``transient`` names, up to ``attempts`` times
+    (None: until it succeeds or ``stop`` is set, then ``Stopped``). Any other error, and
+    the last one when the attempts run out, is raised."""
+
+    def wait(state: RetryCallState) -> float:
+        return _JITTER.uniform(0, min(first_wait_s * 2 ** (state.attempt_number - 1), max_wait_s))
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
-        if exc is not None:
-            kind = count(operation, exc) if transient is transient_error else transient(exc)
-            log.warning("%s: %s, retrying (attempt %d)", operation, kind, state.attempt_number)
+        if exc is None:
+            return
+        kind = transient(exc)
+        RETRIES.labels(operation=operation, error=kind).inc()
+        seconds = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning(
+            "%s: %s, retrying in %.2fs (attempt %d): %r",
+            operation,
+            kind,
+            seconds,
+            state.attempt_number,
+            exc,
+        )
 
-    def wait(state: RetryCallState) -> float:
-        """Full jitter: a random share of an exponential step, capped."""
-        return _JITTER.uniform(0, min(first_wait_s * 2 ** (state.attempt_number - 1), max_wait_s))
+    async def sleep(seconds: float) -> None:
+        if stop is None:
+            await asyncio.sleep(seconds)
+            return
+        await wait_first(stop, limit_s=seconds)
+        if stop.is_set():
+            raise Stopped(operation)
 
     async for attempt in AsyncRetrying(
-        stop=stop_after_attempt(attempts),
+        stop=stop_after_attempt(attempts) if attempts is not None else stop_never,
         wait=wait,
+        sleep=sleep,
         retry=retry_if_exception(lambda exc: transient(exc) is not None),
         before_sleep=before_sleep,
         reraise=True,

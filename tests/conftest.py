@@ -29,7 +29,7 @@ from sluicegate import migrate
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import TansuBroker
 from sluicegate.local.embedded import EmbeddedPostgres
-from tests import brokers, containers
+from tests.support import brokers, containers
 
 
 @functools.cache

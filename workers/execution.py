@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-from plumbing.aio import wait_first
-from plumbing.retry import count as count_retry
+from plumbing.retry import Stopped, retrying
 from schemas import reasons
 from schemas.states import JobState
 from workers.control import Control, Running
@@ -34,7 +32,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-MAX_BACKOFF_S = 5.0
 
 
 class Progress(Protocol):
@@ -85,7 +82,7 @@ class Executor:
                 ),
                 stop,
             )
-        except _Stopped:
+        except Stopped:
             return None
 
     async def set_aside(self, subject: str, reason: str, payload: bytes) -> None:
@@ -266,31 +263,12 @@ class Executor:
     async def _retrying(
         self, op: Callable[[], Awaitable[T]], stop: asyncio.Event | None = None
     ) -> T:
-        """Retry a database operation after a transient error (a deadlock, a serialization
-        failure, an outage: ``plumbing.retry.transient_error``), each retry counted, with
-        a jittered backoff capped at ``MAX_BACKOFF_S``, until it succeeds or ``stop``; the
-        record stays uncommitted meanwhile. Any other error is raised."""
-        backoff = 0.1
-        while True:
-            try:
-                return await op()
-            except Exception as exc:
-                kind = count_retry("worker", exc)
-                if kind is None:
-                    raise
-                wait = random.uniform(backoff / 2, backoff)
-                log.warning("database %s, retrying in %.2fs: %r", kind, wait, exc)
-                if stop is not None:
-                    await wait_first(stop, limit_s=wait)
-                    if stop.is_set():
-                        raise _Stopped from exc
-                else:
-                    await asyncio.sleep(wait)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+        """A database operation, run again after a transient error (a deadlock, a
+        serialization failure, an outage: ``plumbing.retry.transient_error``) until it
+        succeeds or ``stop`` is set (``Stopped``); the record stays uncommitted meanwhile.
+        Any other error is raised."""
+        return await retrying("worker", op, stop=stop)
 
-
-class _Stopped(Exception):
-    pass
 
 
 async def _close(stream: object) -> None:

@@ -7,12 +7,11 @@ import logging
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
 
-from plumbing.aio import wait_first
 from plumbing.db import make_engine
 from plumbing.kafka import close_client, make_consumer
 from plumbing.metrics import serve as serve_metrics
+from plumbing.retry import Stopped, outage, retrying
 from plumbing.settings import Settings
 from workers.consumer import Worker
 from workers.control import Control
@@ -98,8 +97,10 @@ def build_predecode(settings: Settings, gate: PullGate) -> PreDecodeGate:
 
 
 async def start_consumer(settings: Settings, stop: asyncio.Event) -> AIOKafkaConsumer | None:
-    backoff = 0.2
-    while not stop.is_set():
+    """The worker's consumer, started once the broker answers; None if ``stop`` comes
+    first."""
+
+    async def start() -> AIOKafkaConsumer:
         consumer = make_consumer(
             settings.require_kafka(),
             group_id=settings.consumer_group,
@@ -109,14 +110,15 @@ async def start_consumer(settings: Settings, stop: asyncio.Event) -> AIOKafkaCon
         )
         try:
             await consumer.start()
-        except (KafkaError, OSError) as exc:
+        except BaseException:
             await close_client(consumer)
-            log.warning("broker unavailable, retrying in %.1fs: %r", backoff, exc)
-            await wait_first(stop, limit_s=backoff)
-            backoff = min(backoff * 2, 5.0)
-            continue
+            raise
         return consumer
-    return None
+
+    try:
+        return await retrying("worker_start", start, stop=stop, transient=outage)
+    except Stopped:
+        return None
 
 
 async def run_worker(

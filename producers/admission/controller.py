@@ -22,6 +22,7 @@ from datetime import datetime
 from producers.admission.policy import Policy, Refused
 from producers.admission.ratelimit import TenantLimits
 from producers.jobs.repository import Flow
+from producers.lag.estimate import LagEstimate
 from producers.lag.monitor import LagMonitor
 from producers.lag.rule import LagSnapshot
 from producers.metrics import ADMISSIONS, BLOCKED
@@ -39,6 +40,7 @@ class AdmissionController:
         policy: Policy,
         monitor: LagMonitor,
         limits: TenantLimits,
+        estimate: LagEstimate,
     ) -> None:
         self._policy = policy
         self._monitor = monitor
@@ -47,27 +49,21 @@ class AdmissionController:
         self._running = 0
         self._token_time_s: float | None = None  # measured; None: not (yet) used
         self._throttled = False
-        # Admissions so far, and those whose job is committed. A lag reading includes the
-        # jobs committed before it began (its mark) and none admitted after; the rest are
-        # counted here, so that a burst inside one interval is seen at once.
-        self._admitted = 0
-        self._settled = 0
-        monitor.marker = self.marker
-        # The meter's last count of the backlog (when, jobs, the settled mark before it):
-        # with the open lag it is the same quantity as a reading, counted more often.
-        self._count: tuple[float, int, int] | None = None
+        # What was admitted since the last reading began; the monitor and the meter report
+        # into it, and the lag admission sees is the reading plus it (``_known``).
+        self.estimate = estimate
 
     @property
     def blocked(self) -> int:
         return self._blocked
 
-    def settled(self, jobs: int = 1) -> None:
+    def record_commit(self, jobs: int = 1) -> None:
         """The admitted jobs are committed: lag readings from now on include them."""
-        self._settled += jobs
+        self.estimate.record_commit(jobs)
 
-    def withdrawn(self, jobs: int = 1) -> None:
+    def record_withdrawal(self, jobs: int = 1) -> None:
         """The admitted request stored no new job (it failed, or was an idempotent replay)."""
-        self._admitted -= jobs
+        self.estimate.record_withdrawal(jobs)
 
     async def admit(
         self,
@@ -84,7 +80,7 @@ class AdmissionController:
         except Refused as refused:
             ADMISSIONS.labels(outcome="rejected", reason=refused.reason).inc()
             raise
-        self._admitted += 1
+        self.estimate.record_admission()
         outcome = "blocked_then_accepted" if admitted.blocked_s > 0 else "accepted"
         ADMISSIONS.labels(outcome=outcome, reason="ok").inc()
         return admitted
@@ -124,24 +120,6 @@ class AdmissionController:
             ADMISSIONS.labels(outcome="rejected", reason=refused.reason).inc()
             raise
         ADMISSIONS.labels(outcome="accepted", reason="ok").inc()
-
-    def released(self, jobs: int) -> None:
-        """The meter released ``jobs`` held batch jobs into the outbox (committed): they
-        count in the lag at once, as admitted single submits do."""
-        self._admitted += jobs
-        self._settled += jobs
-
-    def marker(self) -> int:
-        """The admitted jobs committed so far (a count taken after this includes them)."""
-        return self._settled
-
-    def counted(self, jobs: int, mark: int) -> None:
-        """The meter counted ``jobs`` in the backlog in PostgreSQL, after ``mark``
-        (``marker()``) was read. Newer than the last lag reading, it replaces the reading's
-        lag: a reading plus every job released since would ignore the jobs that ended
-        meanwhile, and a fast drain would push that sum past ``lag_hard`` while the true
-        lag stays under ``lag_soft``."""
-        self._count = (time.monotonic(), jobs, mark)
 
     def current_lag(self) -> int | None:
         """The lag as admission sees it now; None while it is unknown."""
@@ -188,11 +166,7 @@ class AdmissionController:
         lag = self._monitor.snapshot()
         if not lag.known:
             raise self._policy.unknown(lag)
-        estimate = lag.lag + max(0, self._admitted - self._monitor.mark)
-        if self._count is not None:
-            at, jobs, mark = self._count
-            if at > time.monotonic() - lag.age_s:  # counted after the reading began
-                estimate = jobs + max(0, self._admitted - mark)
+        estimate = self.estimate.lag(lag.lag, lag.age_s)
         return replace(lag, lag=estimate) if estimate != lag.lag else lag
 
     def running_jobs(self, count: int) -> None:
@@ -275,11 +249,3 @@ class AdmissionController:
 
     def _over(self, lag: LagSnapshot, reason: str, target: int, max_tokens: int) -> Refused:
         return self._policy.over(lag, reason, target, max_tokens, running=self._running)
-
-    def consumes_nothing(self, lag: LagSnapshot) -> bool:
-        """A backlog nothing has left for ``stall_s`` while no job runs: no worker consumes."""
-        return self._policy.consumes_nothing(lag, running=self._running)
-
-    def retry_after_s(self, lag: LagSnapshot, excess: int, max_tokens: int) -> float:
-        """Seconds until ``excess`` jobs have drained (``Policy.retry_after_s``)."""
-        return self._policy.retry_after_s(lag, excess, max_tokens, running=self._running)

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
-from plumbing.retry import retrying
+from plumbing.retry import IN_REQUEST, retrying
 from producers.api import openapi
 from producers.api.deps import Admission, AppSettings, Batches, Files, Meter, Tenant
 from producers.batches.input import (
@@ -262,4 +262,4 @@ async def cancel_batch(batch_id: str, store: Batches, tenant: Tenant) -> BatchVi
     """Cancel every job of the batch that has not ended (running ones are aborted within
     a decode step); 409 ``batch_terminal`` once the batch has completed or expired."""
     batch = _batch_id(batch_id)
-    return await retrying("batch_cancel", lambda: store.cancel(tenant, batch))
+    return await retrying("batch_cancel", lambda: store.cancel(tenant, batch), **IN_REQUEST)

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from plumbing.retry import retrying
+from plumbing.retry import IN_REQUEST, retrying
 from producers.admission.controller import AdmissionController
 from producers.api import openapi
 from producers.api.deps import Admission, AppSettings, Groups, Jobs, Monitor, Tenant, Waits
@@ -72,13 +72,13 @@ async def _admitted(
     try:
         job, created = await groups.submit(new)
     except BaseException:
-        admission.withdrawn()
+        admission.record_withdrawal()
         raise
     if created:
-        admission.settled()
+        admission.record_commit()
         SUBMITTED.labels(kind=job.kind.value, priority=job.priority.value).inc()
     else:
-        admission.withdrawn()
+        admission.record_withdrawal()
     return job, created
 
 
@@ -243,5 +243,5 @@ async def heartbeat(job_id: str, repo: Jobs, tenant: Tenant) -> JobView:
 )
 async def cancel_job(job_id: str, repo: Jobs, tenant: Tenant) -> JobView:
     job_key = _job_id(job_id)
-    job = await retrying("job_cancel", lambda: repo.cancel(tenant, job_key))
+    job = await retrying("job_cancel", lambda: repo.cancel(tenant, job_key), **IN_REQUEST)
     return JobView.of(job, _status_url(job.id))

@@ -26,6 +26,7 @@ from producers.batches.repository import BatchStore
 from producers.files.repository import FileStore
 from producers.jobs.group_commit import GroupCommit
 from producers.jobs.repository import JobRepository
+from producers.lag.estimate import LagEstimate
 from producers.lag.kafka import KafkaLagSource
 from producers.lag.monitor import LagMonitor, LagSource
 from producers.lag.shared import SharedLagSource
@@ -86,13 +87,18 @@ def build(
         events_topic=settings.events_topic,
         autocommit=submit_db,
     )
+    estimate = LagEstimate()
     monitor = LagMonitor(
-        source, interval_s=settings.lag_interval_s, stale_after_s=settings.lag_stale_after_s
+        source,
+        estimate=estimate,
+        interval_s=settings.lag_interval_s,
+        stale_after_s=settings.lag_stale_after_s,
     )
     admission = AdmissionController(
         Policy.of(settings),
         monitor,
         TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm),
+        estimate,
     )
     return Services(
         repo=repo,
@@ -109,24 +115,13 @@ def build(
 
 
 def _meter(settings: Settings, db: AsyncEngine, admission: AdmissionController) -> Meter:
-    """With ``lag_measure=open`` the backlog PostgreSQL counts is the lag (and fresher than
-    the last reading): the reading only says whether the lag is known. With ``consumer``,
-    the larger of the two counts."""
-    consumer = settings.lag_measure == "consumer"
-
-    def lag() -> int | None:
-        found = admission.current_lag()
-        return None if found is None else found if consumer else 0
-
     return Meter(
         MeterStore(db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic),
-        lag=lag,
-        released=admission.released,
-        counted=None if consumer else admission.counted,
-        marker=admission.marker,
+        admission,
         soft=settings.lag_soft,
         fill=settings.batch_fill,
         interval_s=settings.lag_interval_s,
+        counts_backlog=settings.lag_measure == "open",
     )
 
 

@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from sqlalchemy.exc import DBAPIError
 
 from plumbing.aio import wait_first
 from plumbing.retry import count as count_retry
+from producers.admission.controller import AdmissionController
 from producers.batches.meter_repository import Backlog, MeterStore, Round
 from producers.metrics import METERED
 
@@ -54,24 +55,23 @@ class Meter:
     def __init__(
         self,
         store: MeterStore,
+        admission: AdmissionController,
         *,
-        lag: Callable[[], int | None],
-        released: Callable[[int], None],
         soft: int,
         fill: float,
         interval_s: float,
-        counted: Callable[[int, int], None] | None = None,
-        marker: Callable[[], int] = lambda: 0,
+        counts_backlog: bool = True,
     ) -> None:
-        """``lag``: the current lag reading (None while it is unknown: nothing is released
-        then); ``released``: told how many jobs each round released; ``counted``: told the
-        backlog each round counted, with ``marker``'s value just before the round (the
-        admitted jobs committed by then are in the count)."""
+        """Each round reads the lag admission sees (``admission.current_lag()``: none while
+        it is unknown, and then nothing is released) and reports into its estimate the jobs
+        it released and, with ``counts_backlog`` (the open lag), the backlog it counted:
+        then that count is the lag, fresher than the last reading, and the reading only says
+        whether the lag is known. Without it (``lag_measure=consumer``) the larger of the
+        reading and the count is room's limit."""
         self._store = store
-        self._lag = lag
-        self._released = released
-        self._counted = counted
-        self._marker = marker
+        self._admission = admission
+        self._estimate = admission.estimate
+        self._counts_backlog = counts_backlog
         self._soft = soft
         self._fill = max(1, int(soft * fill))
         self._interval_s = interval_s
@@ -90,10 +90,14 @@ class Meter:
         if self._waiting:
             self._wake.set()
 
+    def _lag(self) -> int | None:
+        found = self._admission.current_lag()
+        return None if found is None else 0 if self._counts_backlog else found
+
     async def step(self, now: datetime | None = None) -> Round:
         lag = self._lag()
         expire = time.monotonic() - self._expired_at >= EXPIRE_EVERY_S
-        mark = self._marker()
+        mark = self._estimate.mark()
         done = await self._store.round(
             lambda backlog: (
                 0 if lag is None else room(backlog, lag=lag, soft=self._soft, fill=self._fill)
@@ -102,13 +106,13 @@ class Meter:
             expire=expire,
         )
         if done.backlog is not None:
-            if self._counted is not None:
-                self._counted(done.backlog.jobs, mark)
+            if self._counts_backlog:
+                self._estimate.record_count(done.backlog.jobs, mark)
             self._waiting = done.wanted == 0 or done.released == done.wanted
             if expire:
                 self._expired_at = time.monotonic()
         if done.released:
-            self._released(done.released)
+            self._estimate.record_release(done.released)
             METERED.labels(outcome="released").inc(done.released)
         if done.expired:
             METERED.labels(outcome="expired").inc(done.expired)

@@ -34,13 +34,11 @@ class KafkaLagSource:
         self._repository = LagRepository(
             db, topic=topic, partitions=partitions, count_open=count_open
         )
-        # Read as the PostgreSQL snapshot begins (Reading.mark); LagMonitor sets it.
-        self.marker: Callable[[], int] | None = None
-
-    async def read(self) -> Reading:
+    async def read(self, mark: Callable[[], int] | None = None) -> Reading:
+        """``mark`` is read as the PostgreSQL snapshot begins (``Reading.mark``)."""
         # The commit points first: the ends and the open jobs read after them are at or
         # past them.
-        return await self._repository.reading(await self.committed(), self.marker)
+        return await self._repository.reading(await self.committed(), mark)
 
     async def committed(self) -> dict[int, int]:
         """The worker group's committed offset per partition (0 where none)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -29,6 +28,7 @@ from sqlalchemy.exc import DBAPIError
 
 from plumbing.aio import wait_first
 from producers.lag import rule
+from producers.lag.estimate import LagEstimate
 from producers.lag.rule import LagSnapshot, LagState, Reading
 from producers.metrics import ARRIVAL_RATE, CONSUMER_LAG, DRAIN_RATE, LAG, LAG_KNOWN
 
@@ -38,8 +38,9 @@ Clock = Callable[[], float]
 
 
 class LagSource(Protocol):
-    async def read(self) -> Reading | None:
-        """A new reading, or None when there is none since the last (the last one ages)."""
+    async def read(self, mark: Callable[[], int]) -> Reading | None:
+        """A new reading, or None when there is none since the last (the last one ages).
+        ``mark`` is read as the reading's PostgreSQL snapshot begins (``Reading.mark``)."""
         ...
 
 
@@ -54,6 +55,7 @@ class LagMonitor:
         self,
         source: LagSource,
         *,
+        estimate: LagEstimate,
         interval_s: float,
         stale_after_s: float,
         smoothing: float = 0.3,
@@ -67,16 +69,14 @@ class LagMonitor:
         self._state = LagState()
         self._updated = asyncio.Event()
         self._cause: str | None = None
-        # Called as a reading starts; once a reading lands, ``mark`` is the value it had
-        # when that reading began, so that a caller can count what it did since.
-        self.marker: Callable[[], int] = lambda: 0
-        self.mark = 0
-        self._marks: deque[tuple[float, int]] = deque(maxlen=256)  # (clock, marker())
-        # A source that reads PostgreSQL itself reads the marker as its snapshot begins:
-        # a mark taken before the broker is asked would count the jobs committed in
-        # between twice (in the reading and as unseen), up to a meter round's release.
-        if hasattr(source, "marker"):
-            source.marker = lambda: self.marker()
+        # Told as each reading begins and lands, so that admission counts what it admitted
+        # since (``producers.lag.estimate``).
+        self._estimate = estimate
+
+    @property
+    def estimate(self) -> LagEstimate:
+        """The estimate this monitor reports each reading into."""
+        return self._estimate
 
     def update(
         self,
@@ -116,10 +116,13 @@ class LagMonitor:
     async def refresh(self) -> bool:
         """One reading; False (and the old reading ages) when the lag cannot be read or
         there is no new one."""
-        self._marks.append((self._clock(), self.marker()))
+        self._estimate.record_refresh()
         try:
             async with asyncio.timeout(self._stale_after_s):
-                reading = await self._source.read()
+                # A source that reads PostgreSQL takes the mark as its snapshot begins: a
+                # mark taken before the broker is asked would count the jobs committed in
+                # between twice (in the reading and as unseen).
+                reading = await self._source.read(self._estimate.mark)
         except (KafkaError, OSError, TimeoutError, DBAPIError) as exc:
             log.warning("lag monitor: cannot read lag: %r", exc)
             self._cause = cause_of(exc)
@@ -131,15 +134,8 @@ class LagMonitor:
         r = reading
         if not self.update(r.ends, r.committed, r.unpublished, r.open, age_s=r.age_s):
             return False
-        self.mark = r.mark if r.mark is not None else self._mark_at(self._clock() - r.age_s)
+        self._estimate.record_reading(r.mark, r.age_s)
         return True
-
-    def _mark_at(self, began: float) -> int:
-        """The marker's value as a reading begun at ``began`` saw it: from the last refresh
-        that started by then (the oldest kept if none did: it counts more as unseen)."""
-        while len(self._marks) > 1 and self._marks[1][0] <= began:
-            self._marks.popleft()
-        return self._marks[0][1]
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -43,36 +43,29 @@ class SharedLagSource:
         self._last: datetime | None = None  # when the last reading handed over began
 
     @property
-    def marker(self) -> Callable[[], int] | None:
-        """Read as this replica's own readings' snapshots begin (``Reading.mark``)."""
-        return self._local.marker
-
-    @marker.setter
-    def marker(self, marker: Callable[[], int] | None) -> None:
-        self._local.marker = marker
-
-    @property
     def reader(self) -> bool:
         """Whether this replica reads the broker for the others."""
         return self._reader
 
-    async def read(self) -> Reading | None:
+    async def read(self, mark: Callable[[], int] | None = None) -> Reading | None:
+        """``mark`` is read as this replica's own readings' snapshots begin; a reading
+        another replica took has none."""
         try:
             if not self._reader and await self._store.try_lock():
                 self._is_reader(True)
                 log.info("lag: this replica (%s) now reads the lag for all", self._name)
             if self._reader:
-                return await self._take()
+                return await self._take(mark)
             return await self._follow()
         except DBAPIError:
             self._is_reader(False)  # its lock, if it held one, goes with its session
             await self._store.drop()
             raise
 
-    async def _take(self) -> Reading:
+    async def _take(self, mark: Callable[[], int] | None) -> Reading:
         began = time.monotonic()
         try:
-            reading = await self._local.read()
+            reading = await self._local.read(mark)
         except (KafkaError, OSError, TimeoutError):
             self._is_reader(False)
             await self._store.unlock()

@@ -24,20 +24,18 @@ import asyncpg
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
-from sqlalchemy.exc import DBAPIError
 
 from plumbing.aio import wait_first
 from plumbing.db import libpq_url
 from plumbing.kafka import close_client, described_cluster_id, ensure_topics, make_producer
-from plumbing.retry import count as count_retry
+from plumbing.retry import Stopped, outage, retrying
 from plumbing.settings import Settings
 from producers.metrics import RELAY_PUBLISHED
-from producers.outbox.repository import Acked, OutboxRow, OutboxStore
+from producers.outbox.repository import Acked, OutboxRow, OutboxStore, Round
 from schemas import constants
 
 log = logging.getLogger(__name__)
 
-MAX_BACKOFF_S = 5.0
 DEFERRED_RETRY_S = 0.02
 
 
@@ -57,24 +55,14 @@ class OutboxRelay:
         self._log: str | None = None  # the broker cluster's id: which log the records go to
 
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = 0.1
         try:
             while not stop.is_set():
                 await self._listen()
                 self._wake.clear()
                 try:
-                    await self._connect()
-                    done = await self._store.publish_batch(
-                        self._settings.relay_batch_size, self._publish
-                    )
-                except (KafkaError, TimeoutError, OSError, DBAPIError) as exc:
-                    count_retry("relay_round", exc)
-                    log.warning("relay: publish failed, retrying in %.1fs: %r", backoff, exc)
-                    await self._disconnect()
-                    await wait_first(stop, limit_s=backoff)
-                    backoff = min(backoff * 2, MAX_BACKOFF_S)
-                    continue
-                backoff = 0.1
+                    done = await retrying("relay_round", self._round, stop=stop, transient=outage)
+                except Stopped:
+                    break
                 if done.deferred:  # another relay is publishing their keys' earlier rows
                     await wait_first(stop, limit_s=DEFERRED_RETRY_S)
                 elif done.published < self._settings.relay_batch_size:
@@ -82,6 +70,17 @@ class OutboxRelay:
         finally:
             await self._disconnect()
             await self._unlisten()
+
+    async def _round(self) -> Round:
+        """Publish one batch of rows. A failed round drops the producer: after an outage,
+        nothing may be sent before the topics are known to exist again."""
+        try:
+            await self._connect()
+            return await self._store.publish_batch(self._settings.relay_batch_size, self._publish)
+        except BaseException as exc:
+            if outage(exc) is not None:
+                await self._disconnect()
+            raise
 
     async def _connect(self) -> AIOKafkaProducer:
         """Topics first, then a producer: a producer that sends to a missing topic makes the

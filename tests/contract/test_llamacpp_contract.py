@@ -21,8 +21,8 @@ import pytest
 
 from schemas.jobs import JobKind
 from sluicegate.local.embedded import free_port
-from tests.llamacpp import bundled_model
-from tests.unit.test_gate import envelope as dispatch_envelope
+from tests.support.dispatch import envelope as dispatch_envelope
+from tests.support.llamacpp import bundled_model
 from workers.engines.base import GenerationRequest, SamplingParams
 from workers.engines.errors import (
     DuplicateRequest,

@@ -20,7 +20,7 @@ from client.samples import sample_documents
 from plumbing.settings import Settings
 from sluicegate.local.broker import dist
 from sluicegate.local.embedded import free_port
-from tests import brokers
+from tests.support import brokers
 
 STARTUP_S = 90
 

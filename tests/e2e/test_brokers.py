@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from schemas import constants
 from tests.e2e.cli import run
 from tests.e2e.stack import RunningStack, stack_env, submit, wait_terminal
-from tests.topics import log_records
+from tests.support.topics import log_records
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

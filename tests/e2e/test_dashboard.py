@@ -43,8 +43,7 @@ from schemas.states import JobState
 from sluicegate.local.embedded import free_port
 from tests.e2e import prometheus as prom
 from tests.faults.processes import Role, roles
-from tests.faults.test_webhook_receiver import failing
-from tests.integration.webhooks import Receiver, receiving, webhook_settings
+from tests.integration.webhooks import Receiver, failing, receiving, webhook_settings
 from tests.unit.deploy.files import DASHBOARD_FILE
 from tests.unit.deploy.metrics import exprs, panels, promql_grouping, promql_metrics
 

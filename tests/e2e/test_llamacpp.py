@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from client.samples import sample_documents
 from tests.e2e.stack import RunningStack, wait_terminal
-from tests.llamacpp import bundled_model
+from tests.support.llamacpp import bundled_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

@@ -18,7 +18,7 @@ from plumbing.settings import Settings
 from schemas.envelopes import JobEvent
 from schemas.states import TERMINAL_STATES
 from schemas.tables import jobs, outbox
-from tests.topics import log_records
+from tests.support.topics import log_records
 
 TERMINAL = {s.value for s in TERMINAL_STATES}
 
@@ -115,3 +115,6 @@ def terminal_event(payload: bytes, terminal: set[str] = TERMINAL) -> bool:
     except ValueError:
         return False  # a dispatch record
     return event.state.value in terminal
+
+
+DOC = "A worker that dies mid-decode leaves its offsets uncommitted. " * 8

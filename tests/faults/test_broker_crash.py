@@ -13,10 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from plumbing.kafka import ensure_topics
 from plumbing.settings import Settings
 from sluicegate.local.broker.apache import ApacheKafka
-from tests.brokers import on_broker
 from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until
 from tests.faults.processes import roles
 from tests.integration.serving import serve
+from tests.support.brokers import on_broker
 
 pytestmark = pytest.mark.timeout(300)
 

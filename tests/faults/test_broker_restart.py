@@ -21,11 +21,10 @@ from schemas.states import TERMINAL_STATES
 from schemas.tables import outbox
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import TansuBroker
-from tests.brokers import on_broker, restart_on_a_lost_log
-from tests.faults.outcomes import states, terminal_event, until
+from tests.faults.outcomes import DOC, states, terminal_event, until
 from tests.faults.processes import roles
-from tests.faults.test_worker_kill import DOC
 from tests.integration.serving import serve
+from tests.support.brokers import on_broker, restart_on_a_lost_log
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -15,9 +15,8 @@ from plumbing.db import make_engine
 from plumbing.settings import Settings
 from sluicegate import migrate
 from sluicegate.local.embedded import EmbeddedPostgres
-from tests.faults.outcomes import states, until
+from tests.faults.outcomes import DOC, states, until
 from tests.faults.processes import roles
-from tests.faults.test_worker_kill import DOC
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(300)

@@ -18,11 +18,10 @@ from plumbing.settings import Settings
 from schemas.envelopes import DeadRecord, DispatchEnvelope
 from schemas.jobs import JobKind, Priority
 from schemas.tables import dead_letters
-from tests.faults.outcomes import states, until
+from tests.faults.outcomes import DOC, states, until
 from tests.faults.processes import roles
-from tests.faults.test_worker_kill import DOC
 from tests.integration.serving import serve
-from tests.topics import caught_up, read_until
+from tests.support.topics import caught_up, read_until
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -24,11 +24,10 @@ from schemas.envelopes import JobEvent
 from schemas.states import TERMINAL_STATES, JobState
 from schemas.tables import jobs, outbox
 from sluicegate.local.embedded import free_port
-from tests.faults.outcomes import states, until
+from tests.faults.outcomes import DOC, states, until
 from tests.faults.processes import Role, Roles, jobs_running, roles
-from tests.faults.test_worker_kill import DOC
 from tests.integration.serving import serve
-from tests.topics import caught_up
+from tests.support.topics import caught_up
 from workers.repository import Claimed, WorkerRepository
 
 pytestmark = pytest.mark.timeout(300)

@@ -34,13 +34,13 @@ from schemas.tables import (
 )
 from tests.faults.processes import roles
 from tests.integration.serving import serve
-from tests.integration.test_webhooks import dead_letter_records
 from tests.integration.webhooks import (
     Received,
     Receiver,
-    Reply,
     create_secret,
+    dead_letter_records,
     delivery_of,
+    failing,
     receiving,
     reserved_port,
     submit,
@@ -214,17 +214,6 @@ async def test_a_receiver_that_hangs_is_timed_out_and_retried_and_holds_up_nothi
         check_same_message(got, row)
 
 
-def failing(receiver: Receiver, times: int, status: int, **headers: str) -> Reply:
-    """A reply: ``status`` (with ``headers``) to the first ``times`` requests of each
-    delivery, then 204."""
-
-    def reply(got: Received) -> Response:
-        # The receiver records a request before it answers: this one is already counted.
-        if sum(r.id == got.id for r in receiver.got) <= times:
-            return Response(status_code=status, headers=headers)
-        return Response(status_code=204)
-
-    return reply
 
 
 RETRY_AFTER_S = 2

@@ -15,9 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from plumbing.settings import Settings
 from schemas.states import TERMINAL_STATES
 from sluicegate.local.embedded import free_port
-from tests.faults.outcomes import states, until
+from tests.faults.outcomes import DOC, states, until
 from tests.faults.processes import assigned, jobs_running, roles
-from tests.faults.test_worker_kill import DOC
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(240)

@@ -14,13 +14,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from plumbing.settings import Settings
 from schemas.states import TERMINAL_STATES
 from schemas.tables import outbox, webhook_deliveries
-from tests.faults.outcomes import states, terminal_event, until
+from tests.faults.outcomes import DOC, states, terminal_event, until
 from tests.faults.processes import roles
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(240)
 
-DOC = "A worker that dies mid-decode leaves its offsets uncommitted. " * 8
 JOBS = 16
 
 

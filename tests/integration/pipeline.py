@@ -7,8 +7,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 
+from plumbing.db import make_engine
 from plumbing.settings import Settings
 from producers.api.app import create_app
+from producers.outbox.relay import OutboxRelay
+from producers.outbox.repository import OutboxStore
 
 TERMINAL = {"succeeded", "failed", "expired", "cancelled", "abandoned"}
 DOC = (
@@ -95,3 +98,14 @@ async def open_pipeline(settings: Settings) -> AsyncIterator[Pipeline]:
                 yield pipeline
             finally:
                 await pipeline.close()
+
+
+async def relay_only(settings: Settings, stop: asyncio.Event) -> None:
+    """The relay without the reconciler, which would clear a position it takes for gone."""
+    db = make_engine(settings.require_database_url(), pool_size=2)
+    try:
+        await OutboxRelay(settings, OutboxStore(db, dispatch_topic=settings.dispatch_topic)).run(
+            stop
+        )
+    finally:
+        await db.dispose()

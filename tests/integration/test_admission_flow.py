@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from plumbing.db import make_engine
 from plumbing.settings import Settings
 from producers.jobs.repository import JobRepository
+from producers.lag.estimate import LagEstimate
 from producers.lag.kafka import KafkaLagSource
 from producers.lag.monitor import LagMonitor
 from producers.lag.rule import Reading
@@ -156,7 +157,7 @@ async def test_open_lag_leaves_out_records_of_ended_jobs(pipeline: Pipeline) -> 
         assert sum(reading.open.values()) == 1
         plain = await sources[1].read()
         assert plain.open is None
-        monitor = LagMonitor(sources[0], interval_s=0.2, stale_after_s=5)
+        monitor = LagMonitor(sources[0], estimate=LagEstimate(), interval_s=0.2, stale_after_s=5)
         assert await monitor.refresh()
         assert monitor.snapshot().lag == 1
     finally:

@@ -17,28 +17,14 @@ from plumbing.settings import Settings
 from producers.batches.input import chunked
 from producers.batches.meter import room
 from producers.batches.meter_repository import Backlog, MeterStore
-from producers.batches.repository import BatchRequest, BatchStore, NewBatch
+from producers.batches.repository import BatchRequest, BatchStore
 from schemas.envelopes import DispatchEnvelope
-from schemas.jobs import JobKind, Priority
+from schemas.jobs import JobKind
 from schemas.tables import jobs, outbox
+from tests.integration.rows import chat, new
 from tests.integration.serving import serve
-from tests.integration.test_batches import chat
 
 NOW = datetime.now(UTC)
-
-
-def new(tenant: str, *, deadline: datetime | None = None) -> NewBatch:
-    return NewBatch(
-        tenant=tenant,
-        endpoint="/v1/completions",
-        completion_window="1h",
-        deadline=deadline or NOW + timedelta(hours=1),
-        priority=Priority.NORMAL,
-        callback_url=None,
-        metadata=None,
-        idempotency_key=None,
-        request_hash=None,
-    )
 
 
 async def hold(db: AsyncEngine, tenant: str, n: int, **options: Any) -> str:

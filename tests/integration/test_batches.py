@@ -17,24 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
 from schemas.tables import batches, jobs, outbox
+from tests.integration.rows import chat
 from tests.integration.serving import serve
 
 TENANT = {"X-Sluicegate-Tenant": "acme"}
-
-
-def chat(
-    custom_id: str, text: str = "Summarize: the sluice gate holds the water."
-) -> dict[str, Any]:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": "sim",  # one of the served names (setting models)
-            "messages": [{"role": "user", "content": text}],
-            "max_tokens": 32,
-        },
-    }
 
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:

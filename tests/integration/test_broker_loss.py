@@ -14,8 +14,8 @@ from producers.service import run_relay
 from schemas.tables import outbox
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import TansuBroker
-from tests.brokers import on_broker, restart_on_a_lost_log
 from tests.integration.pipeline import open_pipeline
+from tests.support.brokers import on_broker, restart_on_a_lost_log
 from workers.service import run_worker
 
 

@@ -19,7 +19,7 @@ import pytest
 from sluicegate.local.broker import dist
 from sluicegate.local.broker.apache import new_cluster_id
 from sluicegate.local.embedded import free_port
-from tests import brokers
+from tests.support import brokers
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,11 +6,13 @@ stale on every replica."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from aiokafka.errors import KafkaConnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
+from producers.lag.estimate import LagEstimate
 from producers.lag.kafka import KafkaLagSource
 from producers.lag.monitor import LagMonitor
 from producers.lag.rule import Reading
@@ -31,11 +33,11 @@ class Counted(KafkaLagSource):
         self.reads = 0
         self.broken = False
 
-    async def read(self) -> Reading:
+    async def read(self, mark: Callable[[], int] | None = None) -> Reading:
         self.reads += 1
         if self.broken:
             raise KafkaConnectionError("the broker is unreachable from this replica")
-        return await super().read()
+        return await super().read(mark)
 
 
 def replica(settings: Settings, db: AsyncEngine) -> tuple[SharedLagSource, Counted]:
@@ -106,7 +108,7 @@ async def test_a_silent_readers_reading_goes_stale_everywhere(
     settings: Settings, db: AsyncEngine
 ) -> None:
     (a, _), (b, _) = replica(settings, db), replica(settings, db)
-    follower = LagMonitor(b, interval_s=0.1, stale_after_s=1.0)
+    follower = LagMonitor(b, estimate=LagEstimate(), interval_s=0.1, stale_after_s=1.0)
     try:
         await a.read()  # then the reader stalls, holding its lock
         assert await follower.refresh()

@@ -25,7 +25,7 @@ from producers.outbox.repository import OutboxStore, dispatch_row
 from schemas.batches import BatchTerminal
 from schemas.states import JobState
 from schemas.tables import jobs, outbox
-from tests.integration.test_retention import batch_of
+from tests.integration.rows import batch_of
 from workers.engines.sim.engine import SimEngine
 from workers.service import run_worker
 

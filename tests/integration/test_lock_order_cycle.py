@@ -26,7 +26,7 @@ from plumbing.settings import Settings
 from producers.batches.repository import BatchStore
 from producers.outbox.repository import Acked, OutboxRow, OutboxStore, dispatch_row
 from schemas.tables import jobs, outbox
-from tests.integration.test_retention import batch_of
+from tests.integration.rows import batch_of
 from workers.repository import WorkerRepository
 
 TENANT = "t"

@@ -12,24 +12,11 @@ from sqlalchemy import select
 from plumbing.db import make_engine
 from plumbing.kafka import cluster_id, ensure_topics
 from plumbing.settings import Settings
-from producers.outbox.relay import OutboxRelay
-from producers.outbox.repository import OutboxStore
 from schemas.tables import jobs
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import TansuBroker
-from tests.brokers import on_broker, restart_on_a_lost_log
-from tests.integration.pipeline import open_pipeline
-
-
-async def relay_only(settings: Settings, stop: asyncio.Event) -> None:
-    """The relay without the reconciler, which would clear a position it takes for gone."""
-    db = make_engine(settings.require_database_url(), pool_size=2)
-    try:
-        await OutboxRelay(settings, OutboxStore(db, dispatch_topic=settings.dispatch_topic)).run(
-            stop
-        )
-    finally:
-        await db.dispose()
+from tests.integration.pipeline import open_pipeline, relay_only
+from tests.support.brokers import on_broker, restart_on_a_lost_log
 
 
 async def dispatch_log(settings: Settings, job_id: str, within_s: float = 30) -> str:

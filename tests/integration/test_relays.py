@@ -19,8 +19,8 @@ from plumbing.kafka import cluster_id, make_producer
 from plumbing.settings import Settings
 from producers.outbox.repository import Acked, OutboxRow, OutboxStore, dispatch_row
 from schemas.tables import jobs, outbox, partition_ends
-from tests.integration.test_relay_log import relay_only
-from tests.integration.test_retention import job
+from tests.integration.pipeline import relay_only
+from tests.integration.rows import job
 
 Record = tuple[int, int, bytes, bytes]  # partition, offset, key, value
 

@@ -10,12 +10,8 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
-from producers.batches.input import chunked
-from producers.batches.repository import BatchRequest, BatchStore
-from producers.jobs.submit_repository import new_job_id
 from producers.retention.pruner import Pruner
 from producers.retention.repository import RetentionStore
-from schemas.jobs import JobKind
 from schemas.tables import (
     batches,
     dead_letters,
@@ -24,7 +20,7 @@ from schemas.tables import (
     webhook_attempts,
     webhook_deliveries,
 )
-from tests.integration.test_batch_meter import new
+from tests.integration.rows import batch_of, job
 
 NOW = datetime.now(UTC)
 HOUR = timedelta(hours=1)
@@ -34,21 +30,6 @@ DAY = timedelta(days=1)
 async def ids(db: AsyncEngine, table: Any) -> set[str]:
     async with db.connect() as conn:
         return {str(i) for i in (await conn.scalars(select(table.c.id))).all()}
-
-
-def job(name: str, state: str, finished: datetime | None, **extra: Any) -> dict[str, Any]:
-    return {
-        "id": new_job_id(),
-        "tenant": "t",
-        "kind": "complete",
-        "state": state,
-        "priority": "normal",
-        "input": name,
-        "max_tokens": 4,
-        "deadline": NOW + HOUR,
-        "finished_at": finished,
-        **extra,
-    }
 
 
 async def test_a_pass_deletes_only_what_is_past_its_window(
@@ -100,20 +81,6 @@ def tuned(settings: Settings) -> Settings:
     return settings.model_copy(
         update={"retention_outbox_s": 3600, "retention_ended_s": 86_400, "prune_batch_rows": 2}
     )
-
-
-async def batch_of(db: AsyncEngine, tenant: str, n: int, deadline: datetime) -> str:
-    requests = [
-        BatchRequest(custom_id=str(i), kind=JobKind.COMPLETE, input="x", max_tokens=4)
-        for i in range(n)
-    ]
-    view, _ = await BatchStore(db, events_topic="e").create(
-        new(tenant, deadline=deadline),
-        chunked(requests),
-        endpoint=lambda: "/v1/completions",
-        admit=lambda jobs, held: None,
-    )
-    return view.id
 
 
 async def end(db: AsyncEngine, batch_id: str, finished: datetime, *, but: int = 0) -> None:

@@ -25,6 +25,7 @@ from schemas.tables import (
 from tests.integration.webhooks import (
     Receiver,
     create_secret,
+    dead_letter_records,
     delivery_of,
     receiving,
     start_roles,
@@ -32,7 +33,7 @@ from tests.integration.webhooks import (
     webhook_pipeline,
     webhook_settings,
 )
-from tests.topics import caught_up, read_until
+from tests.support.topics import caught_up
 from workers.webhooks.process import run_webhooks
 
 
@@ -46,15 +47,6 @@ async def rows(settings: Settings, statement: Any) -> list[dict[str, Any]]:
         await db.dispose()
 
 
-async def dead_letter_records(settings: Settings, key: str, within_s: float = 30) -> list[Any]:
-    """The records on the dead-letter topic keyed ``key`` (waits for the first)."""
-    found = await read_until(
-        settings.require_kafka(),
-        settings.dead_letter_topic,
-        lambda read: any(m.key == key.encode() for m in read),
-        within_s=within_s,
-    )
-    return [m for m in found if m.key == key.encode()]
 
 
 async def test_terminal_job_is_delivered_signed(settings: Settings) -> None:

@@ -21,6 +21,7 @@ from plumbing.settings import Settings
 from producers.service import run_relay
 from tests.integration.pipeline import DOC, Pipeline, open_pipeline
 from tests.integration.serving import until
+from tests.support.topics import read_until
 from workers.service import run_worker
 from workers.webhooks.process import run_webhooks
 
@@ -216,3 +217,27 @@ async def delivery_of(api: API, subject: str, state: str, within_s: float = 60) 
                 view: dict[str, Any] = detail.json()
                 return view
             await asyncio.sleep(0.1)
+
+
+async def dead_letter_records(settings: Settings, key: str, within_s: float = 30) -> list[Any]:
+    """The records on the dead-letter topic keyed ``key`` (waits for the first)."""
+    found = await read_until(
+        settings.require_kafka(),
+        settings.dead_letter_topic,
+        lambda read: any(m.key == key.encode() for m in read),
+        within_s=within_s,
+    )
+    return [m for m in found if m.key == key.encode()]
+
+
+def failing(receiver: Receiver, times: int, status: int, **headers: str) -> Reply:
+    """A reply: ``status`` (with ``headers``) to the first ``times`` requests of each
+    delivery, then 204."""
+
+    def reply(got: Received) -> Response:
+        # The receiver records a request before it answers: this one is already counted.
+        if sum(r.id == got.id for r in receiver.got) <= times:
+            return Response(status_code=status, headers=headers)
+        return Response(status_code=204)
+
+    return reply

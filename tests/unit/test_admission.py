@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -13,44 +13,23 @@ from producers.admission.policy import Policy, Refused
 from producers.admission.ratelimit import TenantLimits
 from producers.batches.meter import held_ahead
 from producers.jobs.repository import Flow
+from producers.lag.estimate import LagEstimate
 from producers.lag.monitor import LagMonitor
-from producers.lag.rule import Reading
 from schemas.jobs import Priority
-
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-POLICY = Policy(
-    soft=100,
-    hard=200,
-    mode="reject",
-    max_block_s=2.0,
-    max_blocked=1,
-    hysteresis=0.1,
-    low_factor=0.5,
-    deadline_aware=True,
-    token_time_s=0.01,
-    retry_min_s=0.5,
-    retry_max_s=60.0,
-    lag_interval_s=0.5,
-)
-
-
-class NoSource:
-    async def read(self) -> Reading:
-        raise OSError("unused")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.admission import NOW, POLICY, FakeClock, NoSource
 
 
 def monitor_at(lag: int, drain_per_s: float = 10.0) -> tuple[LagMonitor, FakeClock]:
     """A monitor whose last two readings give ``lag`` and a drain rate of ``drain_per_s``."""
     clock = FakeClock()
-    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=5.0, clock=clock, smoothing=1)
+    monitor = LagMonitor(
+        NoSource(),
+        estimate=LagEstimate(clock),
+        interval_s=0.5,
+        stale_after_s=5.0,
+        clock=clock,
+        smoothing=1,
+    )
     drained = int(drain_per_s)
     monitor.update({0: 1000}, {0: 1000 - lag - drained})
     clock.t = 1.0
@@ -62,7 +41,7 @@ def controller(
     lag: int, policy: Policy = POLICY, *, rpm: int | None = None, tpm: int | None = None
 ) -> AdmissionController:
     monitor, _ = monitor_at(lag)
-    return AdmissionController(policy, monitor, TenantLimits(rpm=rpm, tpm=tpm))
+    return AdmissionController(policy, monitor, TenantLimits(rpm=rpm, tpm=tpm), monitor.estimate)
 
 
 async def admit(
@@ -111,8 +90,8 @@ async def test_reject_mode_refuses_between_thresholds() -> None:
 
 
 async def test_unknown_lag_is_treated_as_saturated() -> None:
-    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=5.0)
-    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+    monitor = LagMonitor(NoSource(), estimate=LagEstimate(), interval_s=0.5, stale_after_s=5.0)
+    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None), monitor.estimate)
     refused = await refusal(c)
     assert refused.status == 503
     assert refused.reason == "lag_unknown"
@@ -121,7 +100,7 @@ async def test_unknown_lag_is_treated_as_saturated() -> None:
 async def test_stale_reading_is_unknown() -> None:
     monitor, clock = monitor_at(10)
     clock.t += 6.0  # older than stale_after_s
-    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None), monitor.estimate)
     assert (await refusal(c)).reason == "lag_unknown"
 
 
@@ -205,7 +184,7 @@ async def test_refused_requests_do_not_spend_the_tenant_budget() -> None:
 async def test_block_mode_waits_for_lag_to_fall() -> None:
     blocking = replace(POLICY, mode="block")
     monitor, clock = monitor_at(150)
-    c = AdmissionController(blocking, monitor, TenantLimits(rpm=None, tpm=None))
+    c = AdmissionController(blocking, monitor, TenantLimits(rpm=None, tpm=None), monitor.estimate)
     waiter = asyncio.ensure_future(admit(c))
     await asyncio.sleep(0.05)
     assert not waiter.done()
@@ -225,14 +204,14 @@ async def test_block_mode_waits_for_lag_to_fall() -> None:
 async def test_block_times_out_into_a_refusal() -> None:
     short = replace(POLICY, mode="block", max_block_s=0.2)
     monitor, _ = monitor_at(150)
-    c = AdmissionController(short, monitor, TenantLimits(rpm=None, tpm=None))
+    c = AdmissionController(short, monitor, TenantLimits(rpm=None, tpm=None), monitor.estimate)
     assert (await refusal(c)).reason == "block_timeout"
 
 
 async def test_block_turns_into_refusal_when_lag_crosses_hard() -> None:
     monitor, clock = monitor_at(150)
     c = AdmissionController(
-        replace(POLICY, mode="block"), monitor, TenantLimits(rpm=None, tpm=None)
+        replace(POLICY, mode="block"), monitor, TenantLimits(rpm=None, tpm=None), monitor.estimate
     )
     waiter = asyncio.ensure_future(admit(c))
     await asyncio.sleep(0.05)
@@ -245,7 +224,7 @@ async def test_block_turns_into_refusal_when_lag_crosses_hard() -> None:
 
 async def test_hysteresis_in_reject_mode() -> None:
     monitor, clock = monitor_at(150)
-    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None), monitor.estimate)
     assert (await refusal(c)).reason == "lag_soft"
     clock.t += 0.5
     monitor.update({0: 1000}, {0: 1000 - 95})
@@ -328,8 +307,10 @@ async def test_a_batch_is_one_request_to_the_tenant_limits_and_takes_no_tokens()
 
 async def test_a_batch_is_refused_while_the_lag_is_unknown() -> None:
     clock = FakeClock()
-    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=5.0, clock=clock)
-    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+    monitor = LagMonitor(
+        NoSource(), estimate=LagEstimate(clock), interval_s=0.5, stale_after_s=5.0, clock=clock
+    )
+    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None), monitor.estimate)
     with pytest.raises(Refused) as caught:
         admit_batch(c, 10)
     assert caught.value.reason == "lag_unknown"
@@ -356,11 +337,18 @@ async def test_before_the_speed_is_measured_no_deadline_is_refused_on_a_guess() 
 def cold(lag: int) -> AdmissionController:
     """A controller whose monitor has read ``lag`` twice and seen nothing drain."""
     clock = FakeClock()
-    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=5.0, clock=clock, smoothing=1)
+    monitor = LagMonitor(
+        NoSource(),
+        estimate=LagEstimate(clock),
+        interval_s=0.5,
+        stale_after_s=5.0,
+        clock=clock,
+        smoothing=1,
+    )
     monitor.update({0: lag}, {0: 0})
     clock.t = 1.0
     monitor.update({0: lag}, {0: 0})
-    return AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+    return AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None), monitor.estimate)
 
 
 async def test_before_the_drain_rate_is_measured_retry_after_comes_from_the_running_jobs() -> None:
@@ -376,11 +364,18 @@ async def test_before_the_drain_rate_is_measured_retry_after_comes_from_the_runn
 
 def stalled(lag: int, stalled_s: float) -> AdmissionController:
     clock = FakeClock()
-    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=60.0, clock=clock, smoothing=1)
+    monitor = LagMonitor(
+        NoSource(),
+        estimate=LagEstimate(clock),
+        interval_s=0.5,
+        stale_after_s=60.0,
+        clock=clock,
+        smoothing=1,
+    )
     monitor.update({0: lag}, {0: 0})
     clock.t = stalled_s
     monitor.update({0: lag}, {0: 0})
-    return AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
+    return AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None), monitor.estimate)
 
 
 async def test_a_backlog_nothing_consumes_is_said_plainly() -> None:
@@ -399,13 +394,13 @@ async def test_a_backlog_nothing_consumes_is_said_plainly() -> None:
 
 def test_the_meters_count_newer_than_the_reading_replaces_its_lag() -> None:
     monitor, clock = monitor_at(150)
-    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None))
-    c.released(80)  # a meter round released 80 held jobs after the reading: seen at once
-    assert c.current_lag() == 230
+    c = AdmissionController(POLICY, monitor, TenantLimits(rpm=None, tpm=None), monitor.estimate)
+    c.estimate.record_release(80)  # a meter round released 80 held jobs after the reading
+    assert c.current_lag() == 230  # seen at once
     clock.t += 1.0  # the reading is a second old; the jobs that ended since are not in it
-    c.counted(120, c.marker())  # the meter's next round counted the backlog itself
+    c.estimate.record_count(120, c.estimate.mark())  # the meter's next round counted them
     assert c.current_lag() == 120
-    c.released(30)
+    c.estimate.record_release(30)
     assert c.current_lag() == 150
     monitor.update({0: 1000}, {0: 1000 - 40})  # a reading newer than the count
     assert c.current_lag() == 40 + 110  # its lag, plus all released since its mark (0)

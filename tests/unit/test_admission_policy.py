@@ -10,7 +10,7 @@ import pytest
 from producers.admission.policy import REFUSALS, UNAVAILABLE, Refused
 from producers.lag.rule import LagSnapshot
 from schemas.jobs import Priority
-from tests.unit.test_admission import NOW, POLICY
+from tests.support.admission import NOW, POLICY
 
 
 def lag(records: int, drain_rate: float | None = 10.0, stalled_s: float = 0.0) -> LagSnapshot:

@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from schemas.envelopes import DispatchEnvelope
-from schemas.jobs import JobKind, Priority
+from schemas.jobs import JobKind
+from tests.support.dispatch import envelope
 from workers.engines.base import GenerationRequest
 from workers.engines.sim.engine import SimEngine
 from workers.gate import PullGate
 from workers.kv import ExpectedOutput
-
-
-def envelope(job_id: str, prompt_tokens: int = 100, max_tokens: int = 60) -> DispatchEnvelope:
-    return DispatchEnvelope(
-        job_id=job_id,
-        tenant="t",
-        kind=JobKind.SUMMARIZE,
-        priority=Priority.NORMAL,
-        max_tokens=max_tokens,
-        prompt_tokens=prompt_tokens,
-        deadline=datetime.now(UTC) + timedelta(minutes=5),
-    )
 
 
 @pytest.fixture

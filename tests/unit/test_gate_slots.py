@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tests.unit.test_gate import envelope
+from tests.support.dispatch import envelope
 from workers.engines.base import Capacity
 from workers.gate import PullGate
 

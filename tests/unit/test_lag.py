@@ -1,12 +1,22 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from producers.lag.estimate import LagEstimate
 from producers.lag.monitor import LagMonitor
 from producers.lag.rule import Reading
-from tests.unit.test_admission import FakeClock, NoSource
+from tests.support.admission import FakeClock, NoSource
 
 
 def make() -> tuple[LagMonitor, FakeClock]:
     clock = FakeClock()
     return LagMonitor(
-        NoSource(), interval_s=0.5, stale_after_s=2, clock=clock, smoothing=0.5
+        NoSource(),
+        estimate=LagEstimate(clock),
+        interval_s=0.5,
+        stale_after_s=2,
+        clock=clock,
+        smoothing=0.5,
     ), clock
 
 
@@ -80,7 +90,9 @@ def test_open_drain_rate_counts_jobs_that_end_before_the_commit_moves() -> None:
 
 def test_a_backlog_that_does_not_move_is_stalled() -> None:
     clock = FakeClock()
-    monitor = LagMonitor(NoSource(), interval_s=0.5, stale_after_s=60.0, clock=clock)
+    monitor = LagMonitor(
+        NoSource(), estimate=LagEstimate(clock), interval_s=0.5, stale_after_s=60.0, clock=clock
+    )
     monitor.update({0: 0}, {0: 0})
     clock.t = 1.0
     monitor.update({0: 50}, {0: 0})  # 50 arrive, none leave
@@ -101,14 +113,21 @@ class Handed:
     def __init__(self) -> None:
         self.next: Reading | None = None
 
-    async def read(self) -> Reading | None:
+    async def read(self, mark: Callable[[], int]) -> Reading | None:
         found, self.next = self.next, None
         return found
 
 
 async def test_a_reading_taken_elsewhere_keeps_its_age() -> None:
     clock, source = FakeClock(), Handed()
-    m = LagMonitor(source, interval_s=0.5, stale_after_s=2, clock=clock, smoothing=0.5)
+    m = LagMonitor(
+        source,
+        estimate=LagEstimate(clock),
+        interval_s=0.5,
+        stale_after_s=2,
+        clock=clock,
+        smoothing=0.5,
+    )
     clock.t = 10
     source.next = Reading({0: 10}, {0: 4}, age_s=1.5)
     assert await m.refresh()
@@ -119,7 +138,14 @@ async def test_a_reading_taken_elsewhere_keeps_its_age() -> None:
 
 async def test_no_new_reading_changes_nothing() -> None:
     clock, source = FakeClock(), Handed()
-    m = LagMonitor(source, interval_s=0.5, stale_after_s=2, clock=clock, smoothing=0.5)
+    m = LagMonitor(
+        source,
+        estimate=LagEstimate(clock),
+        interval_s=0.5,
+        stale_after_s=2,
+        clock=clock,
+        smoothing=0.5,
+    )
     source.next = Reading({0: 100}, {0: 0})
     assert await m.refresh()
     clock.t = 1
@@ -138,12 +164,24 @@ async def test_no_new_reading_changes_nothing() -> None:
 
 async def test_admissions_since_a_shared_reading_began_are_unseen_by_it() -> None:
     clock, source = FakeClock(), Handed()
-    m = LagMonitor(source, interval_s=0.5, stale_after_s=5, clock=clock, smoothing=0.5)
-    settled = 0
-    m.marker = lambda: settled
+    estimate = LagEstimate(clock)
+    m = LagMonitor(
+        source,
+        estimate=estimate,
+        interval_s=0.5,
+        stale_after_s=5,
+        clock=clock,
+        smoothing=0.5,
+    )
+    for _ in range(12):
+        estimate.record_admission()
+    committed = 0
     for t, count in ((0.0, 0), (0.5, 3), (1.0, 7), (1.5, 12)):
-        clock.t, settled = t, count
+        clock.t = t
+        estimate.record_commit(count - committed)
+        committed = count
         source.next = Reading({0: 1}, {0: 0}, age_s=0.7) if t == 1.5 else None
         await m.refresh()
-    # Begun at 0.8: it saw the 3 settled by the refresh at 0.5, not the 4 settled by 1.0.
-    assert m.mark == 3
+    # Begun at 0.8: it saw the 3 committed by the refresh at 0.5, not the 4 committed by
+    # 1.0: the 9 admitted after those 3 are added to its lag of 1.
+    assert estimate.lag(1, reading_age_s=0.7) == 1 + 9

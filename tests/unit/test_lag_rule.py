@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from aiokafka.errors import KafkaConnectionError
 from sqlalchemy.exc import OperationalError
 
 from producers.lag import rule
+from producers.lag.estimate import LagEstimate
 from producers.lag.monitor import LagMonitor, cause_of
 from producers.lag.rule import LagState, Reading
 
@@ -109,25 +111,30 @@ class FailingSource:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
-    async def read(self) -> Reading:
+    async def read(self, mark: Callable[[], int]) -> Reading:
         raise self.exc
 
 
 class OneSource:
-    async def read(self) -> Reading:
+    async def read(self, mark: Callable[[], int]) -> Reading:
         return Reading({0: 7}, {0: 2}, unpublished=1)
 
 
 async def test_refresh_keeps_why_it_failed_and_a_reading_clears_it() -> None:
-    monitor = LagMonitor(FailingSource(KafkaConnectionError()), interval_s=1, stale_after_s=1)
+    estimate = LagEstimate()
+    monitor = LagMonitor(
+        FailingSource(KafkaConnectionError()), estimate=estimate, interval_s=1, stale_after_s=1
+    )
     assert not await monitor.refresh()
     assert monitor.snapshot().cause == "broker_unavailable"
     monitor._source = OneSource()
-    monitor.marker = lambda: 3
+    for _ in range(3):
+        estimate.record_admission()
+    estimate.record_commit(3)  # in the reading: its refresh began after they were committed
     waiting = asyncio.ensure_future(monitor.next_update())
     await asyncio.sleep(0)
     assert await monitor.refresh()
     await asyncio.wait_for(waiting, 1)
     snap = monitor.snapshot()
     assert (snap.known, snap.lag, snap.cause) == (True, 6, None)
-    assert monitor.mark == 3
+    assert estimate.lag(snap.lag, snap.age_s) == 6  # not 6 + 3

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from producers.batches.meter import Meter, room
 from producers.batches.meter_repository import Backlog, Budget, Round
+from producers.lag.estimate import LagEstimate
 
 
 class FakeStore:
@@ -23,15 +24,28 @@ class FakeStore:
         return Round(wanted=wanted, released=released, expired=0, backlog=self.backlog)
 
 
-def meter(store: FakeStore, lag: int | None, told: list[int]) -> Meter:
-    return Meter(
+class FakeAdmission:
+    """The controller as the meter sees it: the lag admission sees, and the estimate the
+    meter reports into."""
+
+    def __init__(self, lag: int | None) -> None:
+        self.lag = lag
+        self.estimate = LagEstimate()
+
+    def current_lag(self) -> int | None:
+        return self.lag
+
+
+def meter(store: FakeStore, lag: int | None) -> tuple[Meter, LagEstimate]:
+    admission = FakeAdmission(lag)
+    made = Meter(
         store,  # type: ignore[arg-type]
-        lag=lambda: lag,
-        released=told.append,
+        admission,  # type: ignore[arg-type]
         soft=100,
         fill=0.5,
         interval_s=0.5,
     )
+    return made, admission.estimate
 
 
 def test_the_room_is_the_smaller_of_soft_and_the_batches_fill() -> None:
@@ -43,30 +57,34 @@ def test_the_room_is_the_smaller_of_soft_and_the_batches_fill() -> None:
 
 
 async def test_a_round_releases_the_room_and_tells_admission() -> None:
-    store, told = FakeStore(Backlog(jobs=30, batch_jobs=10)), []
-    done = await meter(store, 0, told).step(datetime.now(UTC))
+    store = FakeStore(Backlog(jobs=30, batch_jobs=10))
+    m, estimate = meter(store, 0)
+    done = await m.step(datetime.now(UTC))
     assert done.released == 40  # fill 50 less the 10 batch jobs in the backlog
-    assert told == [40]
+    assert estimate.mark() == 40  # released jobs are committed ones
+    # and the backlog it counted (30, before the round) replaced the reading's lag (0)
+    assert estimate.lag(0, reading_age_s=1.0) == 30 + 40
 
 
 async def test_nothing_is_released_while_the_lag_is_unknown() -> None:
-    store, told = FakeStore(Backlog(jobs=0, batch_jobs=0)), []
-    await meter(store, None, told).step()
+    store = FakeStore(Backlog(jobs=0, batch_jobs=0))
+    m, estimate = meter(store, None)
+    await m.step()
     assert store.asked == [(0, True)]  # expiry still runs
-    assert told == []
+    assert estimate.mark() == 0
 
 
 async def test_expired_jobs_are_looked_for_once_a_second_not_every_round() -> None:
-    store, told = FakeStore(Backlog(jobs=0, batch_jobs=0)), []
-    m = meter(store, 0, told)
+    store = FakeStore(Backlog(jobs=0, batch_jobs=0))
+    m, _ = meter(store, 0)
     await m.step()
     await m.step()
     assert [expire for _, expire in store.asked] == [True, False]
 
 
 async def test_a_job_ending_wakes_the_meter_only_while_held_jobs_wait_for_room() -> None:
-    store, told = FakeStore(Backlog(jobs=0, batch_jobs=0), held=30), []
-    m = meter(store, 0, told)
+    store = FakeStore(Backlog(jobs=0, batch_jobs=0), held=30)
+    m, _ = meter(store, 0)
     m.job_ended()
     assert m._wake.is_set()  # nothing known yet: held jobs may wait
     m._wake.clear()

@@ -12,7 +12,7 @@ from plumbing.metrics import ROLES, Role, exposition, registry
 from schemas import constants as c
 from schemas.webhooks import M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED
 
-SHARED = {c.M_DATABASE_RETRIES}
+SHARED = {c.M_RETRIES}
 OWN: dict[Role, set[str]] = {
     "api": {
         c.M_SUBMITTED,

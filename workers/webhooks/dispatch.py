@@ -16,11 +16,10 @@ from collections import Counter
 from datetime import UTC, datetime
 
 from prometheus_client import Counter as MetricCounter
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from plumbing.aio import wait_first
 from plumbing.metrics import registry
+from plumbing.retry import Stopped, outage, retrying
 from plumbing.retry import count as count_retry
 from schemas.constants import M_DEAD_LETTERED
 from schemas.webhooks import DEAD_LETTER_SOURCE, M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED
@@ -56,7 +55,6 @@ def _disabled(deliveries: int) -> None:
 LEASE_MARGIN_S = 30.0
 # Shortest wait when a row is due but could not be claimed (another dispatcher holds it).
 MIN_WAIT_S = 0.05
-MAX_BACKOFF_S = 5.0
 NO_SECRET = "no signing secret: create one with POST /v1/webhooks/secrets"
 
 
@@ -87,19 +85,13 @@ class Dispatcher:
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = 0.1
         try:
             while not stop.is_set():
                 self._wake.clear()
                 try:
-                    wait = await self._round()
-                except (DBAPIError, OSError, PoolTimeout) as exc:
-                    count_retry("webhook_claim", exc)
-                    log.warning("webhooks: database down, retrying in %.1fs: %r", backoff, exc)
-                    await wait_first(stop, limit_s=backoff)
-                    backoff = min(backoff * 2, MAX_BACKOFF_S)
-                    continue
-                backoff = 0.1
+                    wait = await retrying("webhook_claim", self._round, stop=stop, transient=outage)
+                except Stopped:
+                    break
                 if wait is None or wait > 0:
                     await wait_first(stop, self._wake, limit_s=wait)
         finally:

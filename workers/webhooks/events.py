@@ -8,22 +8,17 @@ delivery sequence; the delivery loop (``workers/webhooks/dispatch.py``) sends th
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from pydantic import ValidationError
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from plumbing.retry import count as count_retry
+from plumbing.retry import outage, retrying
 from schemas.envelopes import JobEvent
 from workers.webhooks.delivery_repository import DeliveryRepository
 from workers.webhooks.dispatch import DEAD_LETTERED, Dispatcher
 from workers.webhooks.retry import RetrySchedule, Uniform
 
 log = logging.getLogger(__name__)
-
-MAX_BACKOFF_S = 5.0
 
 
 class EventHandler:
@@ -44,16 +39,13 @@ class EventHandler:
         self._uniform = uniform
 
     async def __call__(self, topic: str, partition: int, offset: int, value: bytes) -> None:
-        backoff = 0.1
-        while True:
-            try:
-                await self._handle(topic, partition, offset, value)
-                return
-            except (DBAPIError, OSError, PoolTimeout) as exc:
-                count_retry("webhook_enqueue", exc)
-                log.warning("webhooks: database unavailable, retrying in %.1fs: %r", backoff, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+        """Handle one event, until the database takes it (the agent's offset is committed
+        only after it)."""
+        await retrying(
+            "webhook_enqueue",
+            lambda: self._handle(topic, partition, offset, value),
+            transient=outage,
+        )
 
     async def _handle(self, topic: str, partition: int, offset: int, value: bytes) -> None:
         try:

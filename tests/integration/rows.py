@@ -1,0 +1,78 @@
+"""Rows and request lines the integration tests write or send: a job row, a batch stored as
+the API stores one, an OpenAI Batch chat line."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from producers.batches.input import chunked
+from producers.batches.repository import BatchRequest, BatchStore, NewBatch
+from producers.jobs.submit_repository import new_job_id
+from schemas.jobs import JobKind, Priority
+
+HOUR = timedelta(hours=1)
+
+
+def job(name: str, state: str, finished: datetime | None, **extra: Any) -> dict[str, Any]:
+    """A job row of tenant "t", its deadline an hour away."""
+    return {
+        "id": new_job_id(),
+        "tenant": "t",
+        "kind": "complete",
+        "state": state,
+        "priority": "normal",
+        "input": name,
+        "max_tokens": 4,
+        "deadline": datetime.now(UTC) + HOUR,
+        "finished_at": finished,
+        **extra,
+    }
+
+
+def new(tenant: str, *, deadline: datetime | None = None) -> NewBatch:
+    """A batch's own row, as the API makes it for a one-hour window."""
+    return NewBatch(
+        tenant=tenant,
+        endpoint="/v1/completions",
+        completion_window="1h",
+        deadline=deadline or datetime.now(UTC) + HOUR,
+        priority=Priority.NORMAL,
+        callback_url=None,
+        metadata=None,
+        idempotency_key=None,
+        request_hash=None,
+    )
+
+
+async def batch_of(db: AsyncEngine, tenant: str, n: int, deadline: datetime) -> str:
+    """A batch of ``n`` completion jobs stored as the API stores one; its id."""
+    requests = [
+        BatchRequest(custom_id=str(i), kind=JobKind.COMPLETE, input="x", max_tokens=4)
+        for i in range(n)
+    ]
+    view, _ = await BatchStore(db, events_topic="e").create(
+        new(tenant, deadline=deadline),
+        chunked(requests),
+        endpoint=lambda: "/v1/completions",
+        admit=lambda jobs, held: None,
+    )
+    return view.id
+
+
+def chat(
+    custom_id: str, text: str = "Summarize: the sluice gate holds the water."
+) -> dict[str, Any]:
+    """An OpenAI Batch line for /v1/chat/completions on the simulator's served name."""
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "sim",  # one of the served names (setting models)
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 32,
+        },
+    }

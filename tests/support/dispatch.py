@@ -1,0 +1,20 @@
+"""A dispatch record's envelope, as the relay publishes one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from schemas.envelopes import DispatchEnvelope
+from schemas.jobs import JobKind, Priority
+
+
+def envelope(job_id: str, prompt_tokens: int = 100, max_tokens: int = 60) -> DispatchEnvelope:
+    return DispatchEnvelope(
+        job_id=job_id,
+        tenant="t",
+        kind=JobKind.SUMMARIZE,
+        priority=Priority.NORMAL,
+        max_tokens=max_tokens,
+        prompt_tokens=prompt_tokens,
+        deadline=datetime.now(UTC) + timedelta(minutes=5),
+    )
