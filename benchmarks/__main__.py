@@ -2,7 +2,8 @@
 
     python -m benchmarks [--only NAME]... [--quick] [--out-dir DIR]
 
-Each scenario is a module of this package with one shape, which this runner calls:
+Each scenario is a module of ``benchmarks.scenarios`` (docs/benchmarks.md says what each
+measures) with one shape, which this runner calls:
 
 - ``parser()``: its ``argparse.ArgumentParser``, which takes ``--quick`` (a smoke run of a
   few seconds) and ``--out PATH`` (its JSON; the PNG is written beside it);
@@ -37,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from benchmarks.harness import OUT_DIR
+from benchmarks.lib.reports import OUT_DIR
 
 BUDGET_S = 15 * 60  # the whole suite, on a quiet 2-core machine
 
@@ -54,17 +55,25 @@ class Scenario:
 SCENARIOS: tuple[Scenario, ...] = (
     # The heptamini, then a 20 s burst at 10x the drain rate in reject and in block mode.
     Scenario(
-        name="admission", module="benchmarks.admission", argv=("--burst-s", "20"), expected_s=75
+        name="admission",
+        module="benchmarks.scenarios.admission",
+        argv=("--burst-s", "20"),
+        expected_s=75,
     ),
     # Both workloads, KV-gated and greedy, on 300 jobs each (the README's: 800 and 400),
     # at real roofline time.
-    Scenario(name="kv_pull", module="benchmarks.kv_pull", argv=("--jobs", "300"), expected_s=230),
+    Scenario(
+        name="kv_pull",
+        module="benchmarks.scenarios.kv_pull",
+        argv=("--jobs", "300"),
+        expected_s=230,
+    ),
     # 3x capacity for 30 engine s at 2x roofline time, 60 s of wall time (the README's: 60
     # engine s at 4x, 240 s), the capacity measured over 30 engine s after 20 (the default:
     # 60 after 40).
     Scenario(
         name="overload",
-        module="benchmarks.overload",
+        module="benchmarks.scenarios.overload",
         argv=(
             "--duration",
             "30",
@@ -80,38 +89,63 @@ SCENARIOS: tuple[Scenario, ...] = (
     # 50 one-at-a-time trials (the default: 200) and 200 waiters woken by one write.
     Scenario(
         name="longpoll",
-        module="benchmarks.longpoll",
+        module="benchmarks.scenarios.longpoll",
         argv=("--single", "50", "--together", "200"),
         expected_s=35,
     ),
     # 1, 2 and 4 workers, a 20 s window each (the default: 30 s).
     Scenario(
-        name="scale_out", module="benchmarks.scale_out", argv=("--window-s", "20"), expected_s=140
+        name="scale_out",
+        module="benchmarks.scenarios.scale_out",
+        argv=("--window-s", "20"),
+        expected_s=140,
     ),
-    # benchmarks/ingress.py (Celery on Redis as the baseline): its own defaults.
-    Scenario(name="ingress", module="benchmarks.ingress", argv=(), expected_s=90),
+    # Celery on Redis as the baseline: its own defaults.
+    Scenario(name="ingress", module="benchmarks.scenarios.ingress", argv=(), expected_s=90),
     # 10 minutes at 2x capacity as real processes: only with --only soak.
-    Scenario(name="soak", module="benchmarks.soak", argv=(), expected_s=900, in_suite=False),
+    Scenario(
+        name="soak", module="benchmarks.scenarios.soak", argv=(), expected_s=900, in_suite=False
+    ),
     # A 50,000-line batch file uploaded and made a batch: rates and the API's memory.
-    Scenario(name="files", module="benchmarks.files", argv=(), expected_s=120, in_suite=False),
+    Scenario(
+        name="files", module="benchmarks.scenarios.files", argv=(), expected_s=120, in_suite=False
+    ),
     # 15 minutes of load with windows of seconds: the database flat once past them.
     Scenario(
-        name="retention", module="benchmarks.retention", argv=(), expected_s=1000, in_suite=False
+        name="retention",
+        module="benchmarks.scenarios.retention",
+        argv=(),
+        expected_s=1000,
+        in_suite=False,
     ),
     # What one accepted job costs each process, PostgreSQL and Kafka.
-    Scenario(name="costs", module="benchmarks.costs", argv=(), expected_s=360, in_suite=False),
+    Scenario(
+        name="costs", module="benchmarks.scenarios.costs", argv=(), expected_s=360, in_suite=False
+    ),
     # One relay publishing a full outbox: its saturated rows/s.
     Scenario(
-        name="relay_rate", module="benchmarks.relay_rate", argv=(), expected_s=60, in_suite=False
+        name="relay_rate",
+        module="benchmarks.scenarios.relay_rate",
+        argv=(),
+        expected_s=60,
+        in_suite=False,
     ),
     # 64 simulated workers in one group through a burst and a rebalance storm, kv and greedy.
-    Scenario(name="fleet", module="benchmarks.fleet", argv=(), expected_s=600, in_suite=False),
+    Scenario(
+        name="fleet", module="benchmarks.scenarios.fleet", argv=(), expected_s=600, in_suite=False
+    ),
     # Apache Kafka against Tansu: start, ingress, a short job's latency, the relay, broker CPU.
-    Scenario(name="brokers", module="benchmarks.brokers", argv=(), expected_s=420, in_suite=False),
+    Scenario(
+        name="brokers",
+        module="benchmarks.scenarios.brokers",
+        argv=(),
+        expected_s=420,
+        in_suite=False,
+    ),
     # The two above and what they say about 1,000 GPUs at 10,000 jobs/s.
     Scenario(
         name="scale",
-        module="benchmarks.scale",
+        module="benchmarks.scenarios.scale",
         argv=("--from-reports",),
         expected_s=5,
         in_suite=False,
