@@ -14,6 +14,7 @@ from plumbing.db import make_engine
 from plumbing.metrics import serve as serve_metrics
 from plumbing.settings import Settings
 from producers.api.app import create_app
+from producers.outbox.config import OutboxConfig
 from producers.outbox.log import LogReader
 from producers.outbox.reconciler import Reconciler
 from producers.outbox.relay import OutboxRelay
@@ -72,10 +73,11 @@ async def run_relay(settings: Settings, stop: asyncio.Event) -> None:
     db = make_engine(settings.require_database_url(), pool_size=2)
     try:
         store = OutboxStore(db, dispatch_topic=settings.dispatch_topic)
-        reconciler = Reconciler(settings, store, LogReader(settings))
-        pruner = Pruner(settings, RetentionStore(db))
+        config = OutboxConfig.of(settings)
+        reconciler = Reconciler(config, store, LogReader(config.bootstrap, config.kafka))
+        pruner = Pruner(settings.retention, RetentionStore(db))
         async with asyncio.TaskGroup() as group:
-            group.create_task(OutboxRelay(settings, store).run(stop))
+            group.create_task(OutboxRelay(config, store).run(stop))
             group.create_task(reconciler.run(stop))
             group.create_task(pruner.run(stop))
     finally:

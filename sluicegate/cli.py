@@ -2,7 +2,7 @@
 
 Only argparse and the settings are imported here; each command imports what it needs when
 it runs, so ``sluicegate --help``, ``submit`` and ``summarize`` start in a fraction of a
-second (``python -m benchmarks.cli_start``).
+second (``python -m benchmarks.scenarios.cli_start``).
 """
 
 from __future__ import annotations

@@ -152,13 +152,18 @@ def render() -> str:
         f"variables: the setting `lag_soft` is `{env_name('lag_soft')}` (names are "
         "case-insensitive; unknown ones are ignored). A list is written as JSON, e.g. "
         f"`{env_name('webhook_allow_networks')}='[\"10.1.0.0/16\"]'`. The meanings below "
-        "name other settings by their field name.",
+        "name other settings by their field name. In code a component is given its group "
+        "(the settings it reads, and nothing else): `settings.admission`, "
+        "`settings.engines.llamacpp`, ...",
         "",
-        "| group | settings |",
-        "| --- | --- |",
+        "| group | in code | settings |",
+        "| --- | --- | --- |",
     ]
     for group in GROUPS:
-        out.append(f"| [{group.title}]({_anchor(group.title)}) | {len(group.model_fields)} |")
+        out.append(
+            f"| [{group.title}]({_anchor(group.title)}) | `settings.{group.path}` "
+            f"| {len(group.model_fields)} |"
+        )
     out.append("")
     for group in GROUPS:
         out += group_table(group)

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 
 from plumbing.aio import wait_first
 from plumbing.kafka import cluster_id
+from plumbing.retry import Stopped, outage, retrying
 from schemas.envelopes import DispatchEnvelope
 from workers.dead_letter_store import record_subject
 from workers.execution import Executor, Progress
@@ -104,7 +106,11 @@ class Worker:
         return len(self._tasks)
 
     async def run(self, stop: asyncio.Event) -> None:
-        self._cluster = await cluster_id(self._bootstrap)
+        read = partial(cluster_id, self._bootstrap)  # the log our offsets will index
+        try:
+            self._cluster = await retrying("worker_cluster_id", read, stop=stop, transient=outage)
+        except Stopped:  # stopped while the broker could not be reached
+            return
         self.consumer.subscribe([self._topic], listener=_Rebalance(self))
         try:
             while not stop.is_set():

@@ -12,7 +12,9 @@ from plumbing.db import make_engine
 from plumbing.kafka import close_client, make_consumer
 from plumbing.metrics import serve as serve_metrics
 from plumbing.retry import Stopped, outage, retrying
-from plumbing.settings import Settings
+from plumbing.settings import Engines, Settings
+from plumbing.settings.engines import SimSettings
+from plumbing.settings.worker import WorkerSettings
 from workers.consumer import Worker
 from workers.control import Control
 from workers.engines.base import InferenceEngine
@@ -27,86 +29,92 @@ from workers.speed import SpeedMeter
 log = logging.getLogger(__name__)
 
 
-def build_sim_engine(settings: Settings) -> SimEngine:
+def build_sim_engine(sim: SimSettings) -> SimEngine:
     return SimEngine(
-        block_size=settings.sim_block_size,
-        num_blocks=settings.sim_num_blocks,
-        max_num_seqs=settings.sim_max_num_seqs,
-        max_num_batched_tokens=settings.sim_max_num_batched_tokens,
-        time_scale=settings.sim_time_scale,
+        block_size=sim.sim_block_size,
+        num_blocks=sim.sim_num_blocks,
+        max_num_seqs=sim.sim_max_num_seqs,
+        max_num_batched_tokens=sim.sim_max_num_batched_tokens,
+        time_scale=sim.sim_time_scale,
     )
 
 
-def build_engine(settings: Settings) -> InferenceEngine:
-    if settings.engine == "sim":
-        return build_sim_engine(settings)
-    if settings.engine == "vllm_http":
+def build_engine(name: str, engines: Engines) -> InferenceEngine:
+    """The engine ``name`` (``settings.worker.engine``), from its own group."""
+    if name == "sim":
+        return build_sim_engine(engines.sim)
+    if name == "vllm_http":
         from workers.engines.vllm.http import VllmHttpEngine
 
+        vllm = engines.vllm
         return VllmHttpEngine(
-            base_url=settings.vllm_url,
-            model=settings.vllm_model,
-            metrics_interval_s=settings.vllm_metrics_interval_s,
-            request_timeout_s=settings.vllm_request_timeout_s,
+            base_url=vllm.vllm_url,
+            model=vllm.vllm_model,
+            metrics_interval_s=vllm.vllm_metrics_interval_s,
+            request_timeout_s=vllm.vllm_request_timeout_s,
         )
-    if settings.engine == "llamacpp":
+    if name == "llamacpp":
         from workers.engines.llamacpp.engine import LlamaCppEngine
 
+        llama = engines.llamacpp
         return LlamaCppEngine(
-            base_url=settings.llamacpp_url,
-            temperature=settings.llamacpp_temperature,
-            repeat_penalty=settings.llamacpp_repeat_penalty,
-            poll_interval_s=settings.llamacpp_poll_interval_s,
-            request_timeout_s=settings.llamacpp_request_timeout_s,
+            base_url=llama.llamacpp_url,
+            temperature=llama.llamacpp_temperature,
+            repeat_penalty=llama.llamacpp_repeat_penalty,
+            poll_interval_s=llama.llamacpp_poll_interval_s,
+            request_timeout_s=llama.llamacpp_request_timeout_s,
         )
-    if settings.engine == "vllm_local":
+    if name == "vllm_local":
         from workers.engines.vllm.local import VllmLocalEngine
 
+        vllm = engines.vllm
         return VllmLocalEngine(
-            model=settings.vllm_model,
-            gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
-            max_model_len=settings.vllm_max_model_len,
-            block_size=settings.vllm_block_size,
-            max_num_seqs=settings.vllm_max_num_seqs,
+            model=vllm.vllm_model,
+            gpu_memory_utilization=vllm.vllm_gpu_memory_utilization,
+            max_model_len=vllm.vllm_max_model_len,
+            block_size=vllm.vllm_block_size,
+            max_num_seqs=vllm.vllm_max_num_seqs,
         )
-    raise ValueError(f"unknown engine {settings.engine!r}")
+    raise ValueError(f"unknown engine {name!r}")
 
 
-def build_gate(settings: Settings, engine: InferenceEngine) -> PullGate:
+def build_gate(worker: WorkerSettings, engine: InferenceEngine) -> PullGate:
     return PullGate(
         engine,
-        policy=settings.pull_policy,
-        max_running=settings.worker_max_running,
-        watermark=settings.kv_watermark,
-        max_prefill_tokens=settings.worker_max_prefill_tokens,
+        policy=worker.pull_policy,
+        max_running=worker.worker_max_running,
+        watermark=worker.kv_watermark,
+        max_prefill_tokens=worker.worker_max_prefill_tokens,
         expected=ExpectedOutput(
-            observed=settings.expected_output == "observed",
-            quantile=settings.observed_quantile,
-            min_samples=settings.observed_min_samples,
-            window=settings.observed_window,
+            observed=worker.expected_output == "observed",
+            quantile=worker.observed_quantile,
+            min_samples=worker.observed_min_samples,
+            window=worker.observed_window,
         ),
     )
 
 
-def build_predecode(settings: Settings, gate: PullGate) -> PreDecodeGate:
+def build_predecode(worker: WorkerSettings, gate: PullGate) -> PreDecodeGate:
     return PreDecodeGate(
-        speed=SpeedMeter(window=settings.speed_window, min_samples=settings.speed_min_samples),
+        speed=SpeedMeter(window=worker.speed_window, min_samples=worker.speed_min_samples),
         expected=gate.expected,
-        drop_unreachable=settings.drop_unreachable,
+        drop_unreachable=worker.drop_unreachable,
     )
 
 
-async def start_consumer(settings: Settings, stop: asyncio.Event) -> AIOKafkaConsumer | None:
+async def start_consumer(
+    bootstrap: str, group_id: str, worker: WorkerSettings, stop: asyncio.Event
+) -> AIOKafkaConsumer | None:
     """The worker's consumer, started once the broker answers; None if ``stop`` comes
     first."""
 
     async def start() -> AIOKafkaConsumer:
         consumer = make_consumer(
-            settings.require_kafka(),
-            group_id=settings.consumer_group,
-            fetch_bytes=settings.worker_fetch_bytes,
-            group_instance_id=settings.worker_group_instance_id,
-            session_timeout_ms=settings.worker_session_timeout_ms,
+            bootstrap,
+            group_id=group_id,
+            fetch_bytes=worker.worker_fetch_bytes,
+            group_instance_id=worker.worker_group_instance_id,
+            session_timeout_ms=worker.worker_session_timeout_ms,
         )
         try:
             await consumer.start()
@@ -131,11 +139,14 @@ async def run_worker(
     """Run one worker until ``stop``. ``on_worker`` is shown the worker before it starts
     (tests and benchmarks watch it)."""
     serve_metrics("worker", settings.metrics_port)
-    inference = engine if engine is not None else build_engine(settings)
-    db = make_engine(settings.require_database_url(), pool_size=settings.worker_db_pool_size)
+    own = settings.worker
+    inference = engine if engine is not None else build_engine(own.engine, settings.engines)
+    db = make_engine(settings.require_database_url(), pool_size=own.worker_db_pool_size)
     await inference.start()
     try:
-        consumer = await start_consumer(settings, stop)
+        consumer = await start_consumer(
+            settings.require_kafka(), settings.consumer_group, own, stop
+        )
         if consumer is None:
             return
         repo = WorkerRepository(
@@ -145,19 +156,19 @@ async def run_worker(
             engine=inference,
             repo=repo,
             database_url=settings.database_url,
-            sweep_s=settings.control_sweep_s,
+            sweep_s=own.control_sweep_s,
         )
         control_stop = asyncio.Event()
         control_task = asyncio.create_task(control.run(control_stop), name="control")
         try:
-            gate = build_gate(settings, inference)
+            gate = build_gate(own, inference)
             executor = Executor(
                 engine=inference,
                 repo=repo,
                 control=control,
-                predecode=build_predecode(settings, gate),
+                predecode=build_predecode(own, gate),
                 # A revoked owner's jobs end or are aborted within its drain.
-                takeover_grace_s=settings.drain_timeout_s,
+                takeover_grace_s=own.drain_timeout_s,
             )
             watch(inference, gate.reserved_blocks)
             worker = Worker(
@@ -166,8 +177,8 @@ async def run_worker(
                 executor=executor,
                 topic=settings.dispatch_topic,
                 bootstrap=settings.require_kafka(),
-                drain_timeout_s=settings.drain_timeout_s,
-                claim_batch=settings.claim_batch,
+                drain_timeout_s=own.drain_timeout_s,
+                claim_batch=own.claim_batch,
             )
             if on_worker is not None:
                 on_worker(worker)

@@ -3,9 +3,12 @@ in groups by role, one class each; docs/settings.md lists them (tools/settingsdo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TypeVar, cast
+
 from plumbing.settings.admission import AdmissionSettings
 from plumbing.settings.api import ApiSettings
-from plumbing.settings.base import SettingsGroup
+from plumbing.settings.base import MissingSetting, SettingsGroup
 from plumbing.settings.engines import LlamacppSettings, SimSettings, VllmSettings
 from plumbing.settings.kafka import KafkaSettings
 from plumbing.settings.relay import RelaySettings
@@ -23,10 +26,6 @@ __all__ = [
 ]
 
 
-class MissingSetting(RuntimeError):
-    """A role started without a setting it cannot run without."""
-
-
 class Settings(
     CommonSettings,
     LocalStackSettings,
@@ -41,24 +40,73 @@ class Settings(
     LlamacppSettings,
     WebhookSettings,
 ):
-    """Every setting, read from ``SLUICEGATE_*`` environment variables."""
+    """Every setting, read from ``SLUICEGATE_*`` environment variables (flat names, as
+    docs/settings.md lists them). A component is given only its group (``settings.worker``,
+    ``settings.engines.llamacpp``, ...), or the few values it reads; the process entry
+    points that wire components take the whole object."""
 
-    def topic_partitions(self) -> dict[str, int]:
-        return {
-            self.dispatch_topic: self.partitions,
-            self.events_topic: self.partitions,
-            self.dead_letter_topic: 1,
-        }
+    @property
+    def services(self) -> CommonSettings:
+        return _group(self, CommonSettings)
 
-    def require_database_url(self) -> str:
-        if not self.database_url:
-            raise MissingSetting("SLUICEGATE_DATABASE_URL is not set")
-        return self.database_url
+    @property
+    def local(self) -> LocalStackSettings:
+        return _group(self, LocalStackSettings)
 
-    def require_kafka(self) -> str:
-        if not self.kafka_bootstrap_servers:
-            raise MissingSetting("SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS is not set")
-        return self.kafka_bootstrap_servers
+    @property
+    def kafka(self) -> KafkaSettings:
+        return _group(self, KafkaSettings)
+
+    @property
+    def api(self) -> ApiSettings:
+        return _group(self, ApiSettings)
+
+    @property
+    def admission(self) -> AdmissionSettings:
+        return _group(self, AdmissionSettings)
+
+    @property
+    def relay(self) -> RelaySettings:
+        return _group(self, RelaySettings)
+
+    @property
+    def retention(self) -> RetentionSettings:
+        return _group(self, RetentionSettings)
+
+    @property
+    def worker(self) -> WorkerSettings:
+        return _group(self, WorkerSettings)
+
+    @property
+    def engines(self) -> Engines:
+        return Engines(
+            sim=_group(self, SimSettings),
+            vllm=_group(self, VllmSettings),
+            llamacpp=_group(self, LlamacppSettings),
+        )
+
+    @property
+    def webhooks(self) -> WebhookSettings:
+        return _group(self, WebhookSettings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Engines:
+    """The engines' groups: a worker runs one of them (``settings.worker.engine``)."""
+
+    sim: SimSettings
+    vllm: VllmSettings
+    llamacpp: LlamacppSettings
+
+
+G = TypeVar("G", bound=SettingsGroup)
+
+
+def _group(settings: Settings, group: type[G]) -> G:
+    """``settings``' values of one group, as that group (validated already: not again, and
+    not read from the environment again)."""
+    values = {name: getattr(settings, name) for name in group.model_fields}
+    return cast(G, group.model_construct(**values))
 
 
 # The groups in the order docs/settings.md lists them.

@@ -14,6 +14,7 @@ class AdmissionSettings(SettingsGroup):
     refuse it (docs/operations.md derives the defaults from Little's law)."""
 
     title: ClassVar[str] = "Admission"
+    path: ClassVar[str] = "admission"
 
     lag_interval_s: float = Field(
         default=0.5, gt=0, description="How often the API reads the worker group's lag."

@@ -14,6 +14,7 @@ class ApiSettings(SettingsGroup):
     group commit of single submits."""
 
     title: ClassVar[str] = "API"
+    path: ClassVar[str] = "api"
 
     auth: Literal["api_key", "tenant_header"] = Field(
         default="api_key",

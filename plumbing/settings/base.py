@@ -13,3 +13,9 @@ class SettingsGroup(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SLUICEGATE_", frozen=True, extra="ignore")
     # The group's heading in docs/settings.md.
     title: ClassVar[str] = ""
+    # Where the group is on the whole settings object (``settings.worker``, ...).
+    path: ClassVar[str] = ""
+
+
+class MissingSetting(RuntimeError):
+    """A role started without a setting it cannot run without."""

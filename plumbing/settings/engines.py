@@ -15,6 +15,7 @@ class SimSettings(SettingsGroup):
     model on an 80 GB GPU by default."""
 
     title: ClassVar[str] = "Simulator engine"
+    path: ClassVar[str] = "engines.sim"
 
     sim_time_scale: float = Field(
         default=1.0,
@@ -43,6 +44,7 @@ class VllmSettings(SettingsGroup):
     a GPU)."""
 
     title: ClassVar[str] = "vLLM engines"
+    path: ClassVar[str] = "engines.vllm"
 
     vllm_url: str = Field(
         default="http://127.0.0.1:8001",
@@ -93,6 +95,7 @@ class LlamacppSettings(SettingsGroup):
     `llamacpp_model_path` is unset."""
 
     title: ClassVar[str] = "llama.cpp engine"
+    path: ClassVar[str] = "engines.llamacpp"
 
     llamacpp_url: str = Field(
         default="http://127.0.0.1:8002",

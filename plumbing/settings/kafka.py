@@ -16,6 +16,7 @@ class KafkaSettings(SettingsGroup):
     for its processes when it runs on Tansu)."""
 
     title: ClassVar[str] = "Kafka"
+    path: ClassVar[str] = "kafka"
 
     dispatch_topic: str = Field(
         default=constants.DISPATCH_TOPIC,
@@ -56,3 +57,11 @@ class KafkaSettings(SettingsGroup):
         "acknowledged records), as Apache Kafka's is; Tansu's can trail by a record batch. "
         "Off, the reconciler does not take a record at or past the end for a lost one.",
     )
+
+    def topic_partitions(self) -> dict[str, int]:
+        """The topics the pipeline uses, with their partitions."""
+        return {
+            self.dispatch_topic: self.partitions,
+            self.events_topic: self.partitions,
+            self.dead_letter_topic: 1,
+        }

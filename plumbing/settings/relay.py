@@ -14,6 +14,7 @@ class RelaySettings(SettingsGroup):
     wrote to the outbox, and the reconciler beside it."""
 
     title: ClassVar[str] = "Relay and reconciler"
+    path: ClassVar[str] = "relay"
 
     relay_batch_size: int = Field(
         default=500, ge=1, description="Most outbox rows the relay publishes in one round."

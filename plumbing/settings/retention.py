@@ -16,6 +16,7 @@ class RetentionSettings(SettingsGroup):
     in batches of `prune_batch_rows`, each its own short transaction."""
 
     title: ClassVar[str] = "Retention"
+    path: ClassVar[str] = "retention"
 
     retention_outbox_s: float = Field(
         default=3_600.0,

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 from platformdirs import user_data_path
 from pydantic import Field
 
-from plumbing.settings.base import SettingsGroup
+from plumbing.settings.base import MissingSetting, SettingsGroup
 
 
 def default_data_dir() -> Path:
@@ -24,6 +24,7 @@ class CommonSettings(SettingsGroup):
     only; every other role refuses to start without them)."""
 
     title: ClassVar[str] = "Services"
+    path: ClassVar[str] = "services"
 
     database_url: str | None = Field(
         default=None,
@@ -48,11 +49,22 @@ class CommonSettings(SettingsGroup):
         "local stack gives each a free loopback port).",
     )
 
+    def require_database_url(self) -> str:
+        if not self.database_url:
+            raise MissingSetting("SLUICEGATE_DATABASE_URL is not set")
+        return self.database_url
+
+    def require_kafka(self) -> str:
+        if not self.kafka_bootstrap_servers:
+            raise MissingSetting("SLUICEGATE_KAFKA_BOOTSTRAP_SERVERS is not set")
+        return self.kafka_bootstrap_servers
+
 
 class LocalStackSettings(SettingsGroup):
     """What the local stack (`sluicegate up`, `demo`) and the command-line clients use."""
 
     title: ClassVar[str] = "Local stack and command line"
+    path: ClassVar[str] = "local"
 
     data_dir: Path = Field(
         default_factory=default_data_dir,

@@ -14,6 +14,7 @@ class WebhookSettings(SettingsGroup):
     docs/webhooks.md), which delivers job events to the tenants' callback URLs."""
 
     title: ClassVar[str] = "Webhooks"
+    path: ClassVar[str] = "webhooks"
 
     webhook_group: str = Field(
         default="sluicegate-webhooks",

@@ -14,6 +14,7 @@ class WorkerSettings(SettingsGroup):
     reservations and its pre-decode gate (docs/workers.md)."""
 
     title: ClassVar[str] = "Workers"
+    path: ClassVar[str] = "worker"
 
     engine: Literal["sim", "vllm_http", "vllm_local", "llamacpp"] = Field(
         default="sim",

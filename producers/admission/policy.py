@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from plumbing.settings import Settings
+from plumbing.settings.admission import AdmissionSettings
 from producers.lag.rule import LagSnapshot
 from schemas.errors import SluicegateError
 from schemas.jobs import Priority
@@ -72,7 +72,9 @@ class Policy:
     stall_s: float = 10.0
 
     @classmethod
-    def of(cls, s: Settings) -> Policy:
+    def of(cls, s: AdmissionSettings, *, speed_min_samples: int) -> Policy:
+        """From the admission group; ``speed_min_samples`` (the workers' group) is how many
+        timed jobs make the measured speed count."""
         return cls(
             soft=s.lag_soft,
             hard=s.lag_hard,
@@ -83,7 +85,7 @@ class Policy:
             low_factor=s.low_priority_factor,
             deadline_aware=s.deadline_aware,
             token_time_s=s.expected_token_time_s,
-            measured_after=s.speed_min_samples if s.deadline_speed == "measured" else 0,
+            measured_after=speed_min_samples if s.deadline_speed == "measured" else 0,
             retry_min_s=s.retry_after_min_s,
             retry_max_s=s.retry_after_max_s,
             lag_interval_s=s.lag_interval_s,

@@ -180,9 +180,9 @@ async def create_batch(
     body = await _body(request)
     now = datetime.now(UTC)
     new = new_batch(
-        body, tenant=tenant, idempotency_key=idempotency_key, now=now, settings=settings
+        body, tenant=tenant, idempotency_key=idempotency_key, now=now, api=settings.api
     )
-    checker = RequestChecker(settings, endpoint=body.endpoint)
+    checker = RequestChecker(settings.api, endpoint=body.endpoint)
     chunks = await _requests(body, files, tenant, checker)
 
     def admit(jobs: int, held: Mapping[str, int]) -> None:

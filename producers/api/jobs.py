@@ -119,7 +119,7 @@ async def submit(
 ) -> Response:
     wait = wait_limit(wait, settings.max_wait_s)  # refused before anything is stored
     now = datetime.now(UTC)
-    new = new_job(body, tenant=tenant, header_key=idempotency_key, now=now, settings=settings)
+    new = new_job(body, tenant=tenant, header_key=idempotency_key, now=now, api=settings.api)
     job, created = await _admitted(admission, groups, new, now)
     headers = {"Location": _status_url(job.id)}
     if not created:

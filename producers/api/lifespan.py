@@ -95,14 +95,14 @@ def build(
         stale_after_s=settings.lag_stale_after_s,
     )
     admission = AdmissionController(
-        Policy.of(settings),
+        Policy.of(settings.admission, speed_min_samples=settings.speed_min_samples),
         monitor,
         TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm),
         estimate,
     )
     return Services(
         repo=repo,
-        group_commit=GroupCommit.of(repo, settings),
+        group_commit=GroupCommit.of(repo, settings.api),
         batches=BatchStore(db, events_topic=settings.events_topic),
         files=FileStore(db),
         keys=KeyStore(db, cache_s=settings.api_key_cache_s),

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from plumbing.settings import Settings
+from plumbing.settings.api import ApiSettings
 from producers.batches.repository import BatchRequest, NewBatch
 from producers.files.checks import LineSplitter, SameBatch, json_line, validation_message
 from schemas.batch_lines import line_request
@@ -46,13 +46,13 @@ def jsonl_lines(data: bytes) -> list[Any]:
     return [json_line(number, line) for number, line in lines if line.strip()]
 
 
-def _check_input(text: str, max_tokens: int, settings: Settings) -> None:
+def _check_input(text: str, max_tokens: int, api: ApiSettings) -> None:
     if not text.strip():
         raise InvalidRequest("the input is blank")
-    if utf8_length(text) > settings.max_input_bytes:
-        raise InvalidRequest(f"the input is over the limit of {settings.max_input_bytes} bytes")
-    if max_tokens > settings.max_tokens_limit:
-        raise InvalidRequest(f"max_tokens is over the limit of {settings.max_tokens_limit}")
+    if utf8_length(text) > api.max_input_bytes:
+        raise InvalidRequest(f"the input is over the limit of {api.max_input_bytes} bytes")
+    if max_tokens > api.max_tokens_limit:
+        raise InvalidRequest(f"max_tokens is over the limit of {api.max_tokens_limit}")
 
 
 class RequestChecker:
@@ -61,9 +61,9 @@ class RequestChecker:
     refuses the batch whole (InvalidBatch, the first few bad lines in ``details``) if any
     line was bad. ``endpoint``: the url every line must name, when the caller gave one."""
 
-    def __init__(self, settings: Settings, *, endpoint: str | None = None) -> None:
-        self._settings = settings
-        self.max_lines = settings.max_batch_requests
+    def __init__(self, api: ApiSettings, *, endpoint: str | None = None) -> None:
+        self._api = api
+        self.max_lines = api.max_batch_requests
         self._together = SameBatch()
         self._together.url = endpoint
         self._problems: list[dict[str, Any]] = []
@@ -83,8 +83,8 @@ class RequestChecker:
         try:
             line = RequestLine.model_validate(value)
             asked = line_request(line)
-            _check_input(asked.input, asked.max_tokens, self._settings)
-            check_model(asked.model, self._settings.models)
+            _check_input(asked.input, asked.max_tokens, self._api)
+            check_model(asked.model, self._api.models)
         except ValidationError as exc:
             self._problem(number, custom_id, "invalid_request", validation_message(exc))
             return None
@@ -127,11 +127,11 @@ class RequestChecker:
 
 
 def requests_of(
-    values: list[Any], settings: Settings, *, endpoint: str | None = None
+    values: list[Any], api: ApiSettings, *, endpoint: str | None = None
 ) -> tuple[str, list[BatchRequest]]:
     """The batch's endpoint (every line must name the same url, as in OpenAI's Batch API)
     and its requests; InvalidBatch lists every bad line (the first few in ``details``)."""
-    checker = RequestChecker(settings, endpoint=endpoint)
+    checker = RequestChecker(api, endpoint=endpoint)
     requests = check_all(values, checker)
     return checker.finish(), requests
 
@@ -188,12 +188,12 @@ def new_batch(
     tenant: str,
     idempotency_key: str | None,
     now: datetime,
-    settings: Settings,
+    api: ApiSettings,
 ) -> NewBatch:
     window_s = window_seconds(body.completion_window)
-    if window_s > settings.max_ttl_s:
+    if window_s > api.max_ttl_s:
         raise InvalidCompletionWindow(
-            f"completion_window is over the limit of {settings.max_ttl_s:g} s"
+            f"completion_window is over the limit of {api.max_ttl_s:g} s"
         )
     if body.callback_url is not None:
         check_callback_url(body.callback_url)

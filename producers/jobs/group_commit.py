@@ -32,7 +32,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from plumbing.aio import wait_first
-from plumbing.settings import Settings
+from plumbing.settings.api import ApiSettings
 from producers.jobs.submit_repository import Stored
 from producers.metrics import SUBMIT_GROUP
 from schemas.errors import SluicegateError
@@ -73,12 +73,12 @@ class GroupCommit:
         self._closed = False
 
     @classmethod
-    def of(cls, writer: GroupWriter, settings: Settings) -> GroupCommit:
+    def of(cls, writer: GroupWriter, api: ApiSettings) -> GroupCommit:
         return cls(
             writer,
-            max_items=settings.submit_batch_max,
-            wait_s=settings.submit_batch_wait_ms / 1000,
-            writers=settings.submit_batch_writers,
+            max_items=api.submit_batch_max,
+            wait_s=api.submit_batch_wait_ms / 1000,
+            writers=api.submit_batch_writers,
         )
 
     @property

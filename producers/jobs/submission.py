@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime, timedelta
 
-from plumbing.settings import Settings
+from plumbing.settings.api import ApiSettings
 from schemas.api import SubmitJob
 from schemas.errors import InvalidRequest, PayloadTooLarge
 from schemas.jobs import NewJob, utf8_length
@@ -52,32 +52,32 @@ def new_job(
     tenant: str,
     header_key: str | None,
     now: datetime,
-    settings: Settings,
+    api: ApiSettings,
 ) -> NewJob:
     if body.deadline is not None and body.ttl_s is not None:
         raise InvalidRequest("give either deadline or ttl_s, not both")
-    if utf8_length(body.input) > settings.max_input_bytes:
-        raise InputTooLarge(f"input is over the limit of {settings.max_input_bytes} bytes")
+    if utf8_length(body.input) > api.max_input_bytes:
+        raise InputTooLarge(f"input is over the limit of {api.max_input_bytes} bytes")
     if not body.input.strip():
         raise InvalidRequest("input is blank", details=[{"loc": ["input"], "type": "blank"}])
-    if body.max_tokens > settings.max_tokens_limit:
-        raise MaxTokensTooLarge(f"max_tokens is over the limit of {settings.max_tokens_limit}")
-    check_model(body.model, settings.models)
+    if body.max_tokens > api.max_tokens_limit:
+        raise MaxTokensTooLarge(f"max_tokens is over the limit of {api.max_tokens_limit}")
+    check_model(body.model, api.models)
     if body.callback_url is not None:
         check_callback_url(body.callback_url)
-    if body.abandon_after_s is not None and body.abandon_after_s > settings.max_ttl_s:
-        raise InvalidRequest(f"abandon_after_s is over the limit of {settings.max_ttl_s} s")
+    if body.abandon_after_s is not None and body.abandon_after_s > api.max_ttl_s:
+        raise InvalidRequest(f"abandon_after_s is over the limit of {api.max_ttl_s} s")
     if body.deadline is not None:
         deadline = body.deadline
     else:
-        ttl = body.ttl_s if body.ttl_s is not None else settings.default_ttl_s
-        if ttl > settings.max_ttl_s:
-            raise DeadlineTooFar(f"ttl_s is over the limit of {settings.max_ttl_s} s")
+        ttl = body.ttl_s if body.ttl_s is not None else api.default_ttl_s
+        if ttl > api.max_ttl_s:
+            raise DeadlineTooFar(f"ttl_s is over the limit of {api.max_ttl_s} s")
         deadline = now + timedelta(seconds=ttl)
     if deadline <= now:
         raise DeadlineInPast("the deadline has already passed")
-    if deadline > now + timedelta(seconds=settings.max_ttl_s):
-        raise DeadlineTooFar(f"the deadline is more than {settings.max_ttl_s} s away")
+    if deadline > now + timedelta(seconds=api.max_ttl_s):
+        raise DeadlineTooFar(f"the deadline is more than {api.max_ttl_s} s away")
     key = body.idempotency_key or header_key
     if header_key and body.idempotency_key and header_key != body.idempotency_key:
         raise InvalidRequest("the Idempotency-Key header and idempotency_key differ")

@@ -7,7 +7,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from plumbing.kafka import GroupReader, cluster_id
-from plumbing.settings import Settings
+from plumbing.settings.kafka import KafkaSettings
 from producers.outbox.rule import LogView
 
 
@@ -15,16 +15,17 @@ class LogReader:
     """Reads a LogView: first and end offsets with a consumer that never joins a group, the
     worker group's commit points through the admin API (``GroupReader``)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._reader = GroupReader(settings.require_kafka(), settings.consumer_group)
+    def __init__(self, bootstrap: str, kafka: KafkaSettings) -> None:
+        self._bootstrap = bootstrap
+        self._kafka = kafka
+        self._reader = GroupReader(bootstrap, kafka.consumer_group)
 
     async def read(self) -> LogView:
-        s = self._settings
+        s = self._kafka
         consumer = await self._reader.consumer()
         parts = [TopicPartition(s.dispatch_topic, p) for p in range(s.partitions)]
         try:
-            found = await cluster_id(s.require_kafka())
+            found = await cluster_id(self._bootstrap)
             first = await consumer.beginning_offsets(parts)
             end = await consumer.end_offsets(parts)
             committed = await self._reader.committed(s.dispatch_topic, s.partitions)

@@ -26,9 +26,9 @@ from sqlalchemy.exc import DBAPIError
 
 from plumbing.aio import wait_first
 from plumbing.retry import count as count_retry
-from plumbing.settings import Settings
 from producers.metrics import RECONCILED
 from producers.outbox import rule
+from producers.outbox.config import OutboxConfig
 from producers.outbox.rule import LogView, Lost, Position
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,9 @@ class ReconcilerStore(Protocol):
 
 
 class Reconciler:
-    def __init__(self, settings: Settings, store: ReconcilerStore, reader: LogSource) -> None:
-        self._settings = settings
+    def __init__(self, config: OutboxConfig, store: ReconcilerStore, reader: LogSource) -> None:
+        self._relay = config.relay
+        self._partitions = config.kafka.partitions
         self._store = store
         self._reader = reader
 
@@ -70,19 +71,19 @@ class Reconciler:
                 except (KafkaError, OSError, TimeoutError, DBAPIError) as exc:
                     count_retry("reconcile", exc)
                     log.warning("reconciler: cannot reconcile now: %r", exc)
-                await wait_first(stop, limit_s=self._settings.reconcile_interval_s)
+                await wait_first(stop, limit_s=self._relay.reconcile_interval_s)
         finally:
             await self._reader.close()
 
     async def once(self) -> int:
         """One pass; returns how many jobs were dispatched again."""
-        s = self._settings
+        s = self._relay
         async with asyncio.timeout(max(s.reconcile_interval_s, 30.0)):
             before = await self._reader.read()
             await self._fix_ends(before)
             running_since = datetime.now(UTC) - timedelta(seconds=s.reconcile_running_after_s)
             suspects = await self._store.suspects(
-                before, partitions=s.partitions, running_since=running_since
+                before, partitions=self._partitions, running_since=running_since
             )
             if not suspects:
                 return 0

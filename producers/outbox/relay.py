@@ -29,8 +29,8 @@ from plumbing.aio import wait_first
 from plumbing.db import libpq_url
 from plumbing.kafka import close_client, described_cluster_id, ensure_topics, make_producer
 from plumbing.retry import Stopped, outage, retrying
-from plumbing.settings import Settings
 from producers.metrics import RELAY_PUBLISHED
+from producers.outbox.config import OutboxConfig
 from producers.outbox.repository import Acked, OutboxRow, OutboxStore, Round
 from schemas import constants
 
@@ -45,8 +45,8 @@ class LogReplaced(KafkaError):  # type: ignore[misc]
 
 
 class OutboxRelay:
-    def __init__(self, settings: Settings, store: OutboxStore) -> None:
-        self._settings = settings
+    def __init__(self, config: OutboxConfig, store: OutboxStore) -> None:
+        self._config = config
         self._store = store
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None  # reads the cluster id
@@ -65,8 +65,8 @@ class OutboxRelay:
                     break
                 if done.deferred:  # another relay is publishing their keys' earlier rows
                     await wait_first(stop, limit_s=DEFERRED_RETRY_S)
-                elif done.published < self._settings.relay_batch_size:
-                    await wait_first(stop, self._wake, limit_s=self._settings.relay_idle_poll_s)
+                elif done.published < self._config.relay.relay_batch_size:
+                    await wait_first(stop, self._wake, limit_s=self._config.relay.relay_idle_poll_s)
         finally:
             await self._disconnect()
             await self._unlisten()
@@ -76,7 +76,9 @@ class OutboxRelay:
         nothing may be sent before the topics are known to exist again."""
         try:
             await self._connect()
-            return await self._store.publish_batch(self._settings.relay_batch_size, self._publish)
+            return await self._store.publish_batch(
+                self._config.relay.relay_batch_size, self._publish
+            )
         except BaseException as exc:
             if outage(exc) is not None:
                 await self._disconnect()
@@ -86,17 +88,17 @@ class OutboxRelay:
         """Topics first, then a producer: a producer that sends to a missing topic makes the
         broker auto-create it (aiokafka always allows that), with the broker's defaults."""
         if self._producer is None:
-            s = self._settings
+            c = self._config
             await ensure_topics(
-                s.require_kafka(), s.topic_partitions(), replication_factor=s.replication_factor
+                c.bootstrap,
+                c.kafka.topic_partitions(),
+                replication_factor=c.kafka.replication_factor,
             )
-            admin = AIOKafkaAdminClient(
-                bootstrap_servers=s.require_kafka(), request_timeout_ms=10_000
-            )
+            admin = AIOKafkaAdminClient(bootstrap_servers=c.bootstrap, request_timeout_ms=10_000)
             self._admin = admin
             await admin.start()
             self._log = await described_cluster_id(admin)
-            producer = make_producer(s.require_kafka(), idempotent=s.kafka_idempotent_producer)
+            producer = make_producer(c.bootstrap, idempotent=c.kafka.kafka_idempotent_producer)
             try:
                 await producer.start()
             except BaseException:
@@ -118,12 +120,12 @@ class OutboxRelay:
 
     async def _publish(self, rows: list[OutboxRow]) -> list[Acked]:
         producer = await self._connect()
-        async with asyncio.timeout(self._settings.relay_send_timeout_s):
+        async with asyncio.timeout(self._config.relay.relay_send_timeout_s):
             futures = [
                 await producer.send(row.topic, row.payload, key=row.key.encode()) for row in rows
             ]
             metadata = await asyncio.gather(*futures)
-            if any(row.topic == self._settings.dispatch_topic for row in rows):
+            if any(row.topic == self._config.kafka.dispatch_topic for row in rows):
                 await self._same_log()  # their positions are recorded with the log
         for row in rows:
             RELAY_PUBLISHED.labels(topic=row.topic).inc()
@@ -145,9 +147,7 @@ class OutboxRelay:
         if self._listener is not None and not self._listener.is_closed():
             return
         try:
-            self._listener = await asyncpg.connect(
-                libpq_url(self._settings.require_database_url()), timeout=5
-            )
+            self._listener = await asyncpg.connect(libpq_url(self._config.database_url), timeout=5)
             await self._listener.add_listener(constants.OUTBOX_CHANNEL, self._notified)
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             log.warning("relay: LISTEN unavailable, polling: %r", exc)

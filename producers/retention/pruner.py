@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError
 
 from plumbing.aio import wait_first
 from plumbing.retry import count as count_retry
-from plumbing.settings import Settings
+from plumbing.settings.retention import RetentionSettings
 from producers.metrics import PRUNED
 from producers.retention.repository import RetentionStore
 
@@ -31,8 +31,8 @@ Step = Callable[[datetime, int], Awaitable[int]]
 
 
 class Pruner:
-    def __init__(self, settings: Settings, store: RetentionStore) -> None:
-        self._settings = settings
+    def __init__(self, retention: RetentionSettings, store: RetentionStore) -> None:
+        self._settings = retention
         self._store = store
 
     async def run(self, stop: asyncio.Event) -> None:

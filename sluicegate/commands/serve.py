@@ -40,7 +40,9 @@ def _run(settings: Settings, args: argparse.Namespace) -> None:
     elif command == "llama-server":
         try:
             model = models.model_file(settings)
-            run_until_signal(lambda stop: llamacpp_server.serve(settings, model, stop))
+            run_until_signal(
+                lambda stop: llamacpp_server.serve(settings.engines.llamacpp, model, stop)
+            )
         except llamacpp_server.ServerNotStarted as exc:
             sys.exit(str(exc))
     elif command == "relay":
@@ -58,13 +60,14 @@ def _run(settings: Settings, args: argparse.Namespace) -> None:
 
 def _sim_server(settings: Settings, args: argparse.Namespace) -> None:
     names = args.served_names or [settings.vllm_model]
+    sim = settings.engines.sim
     app = sim_server.create_app(
-        build_sim_engine(settings),
+        build_sim_engine(sim),
         model=names[0],
         aliases=names[1:],
         max_model_len=args.max_model_len,
         stream_interval=args.stream_interval,
         enable_request_id_headers=args.enable_request_id_headers,
-        data_parallel=[build_sim_engine(settings) for _ in range(args.data_parallel_size - 1)],
+        data_parallel=[build_sim_engine(sim) for _ in range(args.data_parallel_size - 1)],
     )
     run_until_signal(lambda stop: sim_server.serve(app, host=args.host, port=args.port, stop=stop))

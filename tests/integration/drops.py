@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from benchmarks.overload import Counting
+from benchmarks.lib.engine import Counting
 from plumbing.db import libpq_url
 from plumbing.settings import Settings
 from schemas.states import JobState

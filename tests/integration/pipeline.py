@@ -10,6 +10,7 @@ import httpx
 from plumbing.db import make_engine
 from plumbing.settings import Settings
 from producers.api.app import create_app
+from producers.outbox.config import OutboxConfig
 from producers.outbox.relay import OutboxRelay
 from producers.outbox.repository import OutboxStore
 
@@ -104,8 +105,7 @@ async def relay_only(settings: Settings, stop: asyncio.Event) -> None:
     """The relay without the reconciler, which would clear a position it takes for gone."""
     db = make_engine(settings.require_database_url(), pool_size=2)
     try:
-        await OutboxRelay(settings, OutboxStore(db, dispatch_topic=settings.dispatch_topic)).run(
-            stop
-        )
+        store = OutboxStore(db, dispatch_topic=settings.dispatch_topic)
+        await OutboxRelay(OutboxConfig.of(settings), store).run(stop)
     finally:
         await db.dispose()

@@ -1,3 +1,4 @@
+
 """No deadlock on job rows: several workers, the relay, the reconciler and batch cancels on
 one database and broker, over thousands of jobs, with every statement that locks several
 job rows taking them in one order (``plumbing.db.locking_in_order``).
@@ -18,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from plumbing.db import make_engine
 from plumbing.settings import Settings
 from producers.batches.repository import BatchStore
+from producers.outbox.config import OutboxConfig
 from producers.outbox.log import LogReader
 from producers.outbox.reconciler import Reconciler
 from producers.outbox.relay import OutboxRelay
@@ -104,11 +106,13 @@ async def test_workers_relay_reconciler_and_batch_cancels_never_deadlock(
     stop = asyncio.Event()
     relay_db = make_engine(tuned.require_database_url(), pool_size=4)
     store = OutboxStore(relay_db, dispatch_topic=tuned.dispatch_topic)
+    config = OutboxConfig.of(tuned)
     roles = [
-        asyncio.create_task(OutboxRelay(tuned, store).run(stop), name="relay-1"),
-        asyncio.create_task(OutboxRelay(tuned, store).run(stop), name="relay-2"),
+        asyncio.create_task(OutboxRelay(config, store).run(stop), name="relay-1"),
+        asyncio.create_task(OutboxRelay(config, store).run(stop), name="relay-2"),
         asyncio.create_task(
-            Reconciler(tuned, store, LogReader(tuned)).run(stop), name="reconciler"
+            Reconciler(config, store, LogReader(config.bootstrap, config.kafka)).run(stop),
+            name="reconciler",
         ),
         *(
             asyncio.create_task(

@@ -52,7 +52,7 @@ async def test_the_pipeline_runs_on_tansu(pipeline: Pipeline, db: AsyncEngine) -
         group_id=s.consumer_group,
         partitions=s.partitions,
     )
-    reader = LogReader(s)
+    reader = LogReader(s.require_kafka(), s.kafka)
     try:
         async with asyncio.timeout(15):
             while sum((await source.committed()).values()) < 20:

@@ -27,10 +27,6 @@ MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 400
 # Modules at the top of benchmarks/ besides the runner: re-exports kept for tests that
 # import the old paths, each with its reason. They hold imports only.
-SHIMS = {
-    "overload.py": "tests/integration/drops.py imports Counting from benchmarks.overload",
-    "scale.py": "tests/unit/test_scale_model.py imports derive from benchmarks.scale",
-}
 
 # Renaming or removing one of these is a change to the suite: change this list with it.
 SUITE = ["admission", "kv_pull", "overload", "longpoll", "scale_out", "ingress"]
@@ -215,11 +211,7 @@ def test_every_scenario_module_lives_in_benchmarks_scenarios() -> None:
 
 def test_the_top_of_benchmarks_holds_the_runner_lib_and_scenarios() -> None:
     entries = sorted(p.name for p in BENCHMARKS.iterdir() if p.name != "__pycache__")
-    assert entries == sorted(["__init__.py", "__main__.py", "lib", "scenarios", *SHIMS])
-    for name in SHIMS:
-        body = parse(BENCHMARKS / name).body
-        kinds = {type(n).__name__ for n in body[1:]}
-        assert kinds <= {"Import", "ImportFrom", "Assign"}, f"{name} holds more than imports"
+    assert entries == sorted(["__init__.py", "__main__.py", "lib", "scenarios"])
 
 
 @pytest.mark.parametrize("name", scenario_files())

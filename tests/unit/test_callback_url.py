@@ -51,4 +51,4 @@ def test_bad(url: str) -> None:
 def test_submit_refuses_a_bad_callback_url() -> None:
     body = SubmitJob(kind=JobKind.SUMMARIZE, input="text", callback_url="file:///etc/passwd")
     with pytest.raises(InvalidCallbackUrl):
-        new_job(body, tenant="t", header_key=None, now=datetime.now(UTC), settings=Settings())
+        new_job(body, tenant="t", header_key=None, now=datetime.now(UTC), api=Settings().api)

@@ -220,15 +220,99 @@ def _imports_of_rooms(room: str, forbidden: tuple[str, ...]) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize(("room", "other"), [("producers", "workers"), ("workers", "producers")])
-def test_producers_and_workers_never_import_each_other(room: str, other: str) -> None:
-    wrong = _imports_of_rooms(room, (other,))
-    assert not wrong, "\n".join(wrong)
+# The layers: each room may import only the rooms below it (schemas <- plumbing <-
+# producers / workers / client <- sluicegate, the composition root, which nothing imports).
+MAY_IMPORT: dict[str, set[str]] = {
+    "schemas": set(),
+    "plumbing": {"schemas"},
+    "producers": {"schemas", "plumbing"},
+    "workers": {"schemas", "plumbing"},
+    "client": {"schemas", "plumbing"},
+    "sluicegate": {"schemas", "plumbing", "producers", "workers", "client", "migrations"},
+}
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_a_room_imports_only_the_rooms_below_it(room: str) -> None:
+    forbidden = tuple(r for r in OURS if r != room and r not in MAY_IMPORT[room])
+    wrong = _imports_of_rooms(room, forbidden)
+    assert not wrong, f"{room} may import only {sorted(MAY_IMPORT[room])}:\n" + "\n".join(wrong)
+
+
+def test_every_room_has_its_layer() -> None:
+    assert set(MAY_IMPORT) == set(ROOMS)
+
+
+def test_the_layer_check_sees_a_wrong_import() -> None:
+    source = "from sluicegate.local import model\nimport workers.kv\n"
+    module = Module("producers.x", ROOT / "producers" / "x.py", ast.parse(source), 2)
+    rooms = {_room_of(target) for target, _ in imports(module)}
+    assert rooms == {"sluicegate", "workers"}
+    assert rooms - MAY_IMPORT["producers"] == {"sluicegate", "workers"}
 
 
 def test_schemas_imports_nothing_of_ours() -> None:
     wrong = _imports_of_rooms("schemas", tuple(r for r in OURS if r != "schemas"))
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_backoff_limits_are_defined_once() -> None:
+    """Every loop that retries goes through plumbing.retry, where its limits are."""
+    found = [
+        f"{m.where} {target.id}"
+        for m in modules().values()
+        for node in ast.walk(m.tree)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name) and target.id in ("MAX_BACKOFF_S", "FIRST_BACKOFF_S")
+    ]
+    assert sorted(found) == [
+        "plumbing/retry.py FIRST_BACKOFF_S",
+        "plumbing/retry.py MAX_BACKOFF_S",
+    ], found
+
+
+# Tests.
+
+
+def _test_modules() -> Iterator[tuple[str, ast.Module]]:
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        yield str(path.relative_to(ROOT)), ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _imported_test_modules(tree: ast.Module) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        found += [
+            n for n in names if n.startswith("tests.") and n.rsplit(".", 1)[-1].startswith("test_")
+        ]
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    wrong = [
+        f"{where} imports {name}"
+        for where, tree in _test_modules()
+        for name in _imported_test_modules(tree)
+    ]
+    assert not wrong, "tests share through fixtures and helpers:\n" + "\n".join(wrong)
+
+
+def test_the_test_import_check_sees_one() -> None:
+    source = (
+        "from tests.faults.test_worker_kill import DOC\n"
+        "from tests.unit import test_gate\n"
+        "from tests.support import dispatch\n"
+    )
+    assert _imported_test_modules(ast.parse(source)) == [
+        "tests.faults.test_worker_kill",
+        "tests.unit.test_gate",
+    ]
 
 
 # SQL.

@@ -11,6 +11,7 @@ import pytest
 
 from plumbing.settings import Settings
 from producers.outbox import rule
+from producers.outbox.config import OutboxConfig
 from producers.outbox.reconciler import Reconciler
 from producers.outbox.rule import LogView, Position
 
@@ -107,12 +108,15 @@ class Store:
 
 
 SETTINGS = Settings(partitions=3, reconcile_running_after_s=120.0, reconcile_interval_s=5.0)
+CONFIG = OutboxConfig(
+    bootstrap="unused:9092", database_url="unused", kafka=SETTINGS.kafka, relay=SETTINGS.relay
+)
 
 
 async def test_no_suspect_needs_no_second_view() -> None:
     views = Views(VIEW)
     store = Store({})
-    assert await Reconciler(SETTINGS, store, views).once() == 0
+    assert await Reconciler(CONFIG, store, views).once() == 0
     assert views.reads == 1
     assert store.redispatched == []
     view, partitions, running_since = store.asked[0]
@@ -125,16 +129,16 @@ async def test_only_what_both_views_take_for_gone_is_sent_again() -> None:
     after = replace(VIEW, end={0: 60})  # the record at 55 was published meanwhile
     store = Store({"late": (("A", 0, 55), False), "skipped": (("A", 0, 20), False)})
     views = Views(replace(VIEW, end={0: 50}), after)
-    assert await Reconciler(SETTINGS, store, views).once() == 1
+    assert await Reconciler(CONFIG, store, views).once() == 1
     assert store.redispatched == [[("skipped", ("A", 0, 20))]]
 
 
 async def test_the_ends_of_another_log_are_reset_to_this_ones() -> None:
     store = Store({}, void=2)
-    await Reconciler(SETTINGS, store, Views(VIEW)).once()
+    await Reconciler(CONFIG, store, Views(VIEW)).once()
     assert store.resets == [("A", {0: 50})]
     nameless = Store({})
-    await Reconciler(SETTINGS, nameless, Views(replace(VIEW, log=None))).once()
+    await Reconciler(CONFIG, nameless, Views(replace(VIEW, log=None))).once()
     assert nameless.resets == []  # a view that names no log cannot tell
 
 
@@ -142,5 +146,5 @@ async def test_run_closes_its_reader() -> None:
     views = Views(VIEW)
     stop = asyncio.Event()
     stop.set()
-    await Reconciler(SETTINGS, Store({}), views).run(stop)
+    await Reconciler(CONFIG, Store({}), views).run(stop)
     assert views.closed

@@ -93,7 +93,7 @@ def test_a_bad_parameter_or_unknown_model_is_that_lines_error() -> None:
         chat("plain"),
     ]
     with pytest.raises(InvalidBatch) as refused:
-        requests_of(lines, SETTINGS)
+        requests_of(lines, SETTINGS.api)
     details = refused.value.details
     assert isinstance(details, list)
     assert [(d["line"], d["custom_id"], d["code"]) for d in details] == [
@@ -108,7 +108,7 @@ def test_a_bad_parameter_or_unknown_model_is_that_lines_error() -> None:
 
 
 def test_the_lines_parameters_go_with_their_requests() -> None:
-    _, requests = requests_of([chat("a", model="sim", seed=4), chat("b")], SETTINGS)
+    _, requests = requests_of([chat("a", model="sim", seed=4), chat("b")], SETTINGS.api)
     assert [r.params for r in requests] == [{"model": "sim", "seed": 4}, None]
 
 
@@ -133,11 +133,11 @@ def test_a_single_submit_carries_them_and_checks_the_model() -> None:
         tenant="t",
         header_key=None,
         now=now,
-        settings=SETTINGS,
+        api=SETTINGS.api,
     )
     assert job.params == {"model": "sim", "top_p": 0.9, "stop": ["x"]}
     with pytest.raises(ModelNotFound):
-        new_job(submit(model="nope"), tenant="t", header_key=None, now=now, settings=SETTINGS)
+        new_job(submit(model="nope"), tenant="t", header_key=None, now=now, api=SETTINGS.api)
     with pytest.raises(ValidationError):
         submit(temperature=5)
 

@@ -1,4 +1,4 @@
-"""The scaling derivation (benchmarks/scale.py) is the arithmetic docs/scaling.md states."""
+"""The scaling derivation (benchmarks/scenarios/scale.py) is docs/scaling.md's arithmetic."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.scale import derive, gpu_capacity
+from benchmarks.scenarios.scale import derive, gpu_capacity
 
 
 def costs() -> dict[str, Any]:

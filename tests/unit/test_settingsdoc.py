@@ -100,3 +100,20 @@ def test_defaults_are_written_as_the_environment_takes_them() -> None:
 def test_the_readme_points_at_the_settings_doc() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "(docs/settings.md)" in readme
+
+
+def test_every_group_is_where_its_path_says() -> None:
+    from plumbing.settings import GROUPS, Settings
+
+    settings = Settings(lag_soft=7, llamacpp_slots=3, webhook_timeout_s=2.5)
+    for group in GROUPS:
+        found: object = settings
+        for part in group.path.split("."):
+            found = getattr(found, part)
+        assert type(found) is group, group.path
+        # the group's values are the settings' own, not defaults read again
+        for name in group.model_fields:
+            assert getattr(found, name) == getattr(settings, name), (group.path, name)
+    assert (settings.admission.lag_soft, settings.engines.llamacpp.llamacpp_slots) == (7, 3)
+    # a copy with a change is seen through its groups
+    assert settings.model_copy(update={"lag_soft": 9}).admission.lag_soft == 9

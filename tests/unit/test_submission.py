@@ -24,7 +24,7 @@ def build(**fields: object) -> SubmitJob:
 
 
 def job(body: SubmitJob, key: str | None = None):
-    return new_job(body, tenant="t", header_key=key, now=NOW, settings=SETTINGS)
+    return new_job(body, tenant="t", header_key=key, now=NOW, api=SETTINGS.api)
 
 
 def test_ttl_resolves_to_an_absolute_deadline() -> None:

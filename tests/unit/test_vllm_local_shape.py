@@ -60,7 +60,7 @@ def test_the_worker_builds_it_without_starting_it() -> None:
     from plumbing.settings import Settings
     from workers.service import build_engine
 
-    built = build_engine(Settings(engine="vllm_local", vllm_model="facebook/opt-125m"))
+    built = build_engine("vllm_local", Settings(vllm_model="facebook/opt-125m").engines)
     assert isinstance(built, VllmLocalEngine)
     assert built.model == "facebook/opt-125m"
 

@@ -9,26 +9,39 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import faust
 
 from plumbing.kafka import ensure_topics
-from plumbing.settings import Settings
+from plumbing.settings.kafka import KafkaSettings
+from plumbing.settings.webhooks import WebhookSettings
 
 # One record of the events topic: topic, partition, offset, value.
 Handler = Callable[[str, int, int, bytes], Awaitable[None]]
 
 
-def build_app(settings: Settings, handle: Handler) -> Any:
+@dataclass(frozen=True, kw_only=True)
+class Consuming:
+    """What the app reads: the broker, the topics, its group's values and its folder."""
+
+    bootstrap: str
+    kafka: KafkaSettings
+    webhooks: WebhookSettings
+    data_dir: Path
+
+
+def build_app(c: Consuming, handle: Handler) -> Any:
     """The faust app: one agent over the events topic, nothing else (no tables, no leader
     topic, no web server, no topic declarations)."""
-    session_s = settings.webhook_session_timeout_s
+    session_s = c.webhooks.webhook_session_timeout_s
     app = faust.App(
-        settings.webhook_group,
-        broker=[f"kafka://{host}" for host in settings.require_kafka().split(",")],
+        c.webhooks.webhook_group,
+        broker=[f"kafka://{host}" for host in c.bootstrap.split(",")],
         store="memory://",
-        datadir=str(settings.data_dir / "webhooks"),
+        datadir=str(c.data_dir / "webhooks"),
         web_enabled=False,
         topic_allow_declare=False,
         topic_disable_leader=True,
@@ -38,7 +51,7 @@ def build_app(settings: Settings, handle: Handler) -> Any:
         broker_rebalance_timeout=session_s,
         producer_acks=-1,
     )
-    topic = app.topic(settings.events_topic, value_type=bytes, value_serializer="raw")
+    topic = app.topic(c.kafka.events_topic, value_type=bytes, value_serializer="raw")
 
     async def agent(stream: Any) -> None:
         async for event in stream.events():
@@ -49,15 +62,13 @@ def build_app(settings: Settings, handle: Handler) -> Any:
     return app
 
 
-async def consume(settings: Settings, handler: Handler, stop: asyncio.Event) -> None:
+async def consume(c: Consuming, handler: Handler, stop: asyncio.Event) -> None:
     """Run the faust app until ``stop``; a crash of the app ends the process (whoever
     supervises it starts it again)."""
     await ensure_topics(
-        settings.require_kafka(),
-        settings.topic_partitions(),
-        replication_factor=settings.replication_factor,
+        c.bootstrap, c.kafka.topic_partitions(), replication_factor=c.kafka.replication_factor
     )
-    app = build_app(settings, handler)
+    app = build_app(c, handler)
     await app.start()
     stopped = asyncio.ensure_future(app.wait_until_stopped())
     stopping = asyncio.ensure_future(stop.wait())

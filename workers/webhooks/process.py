@@ -15,7 +15,7 @@ from plumbing.metrics import serve as serve_metrics
 from plumbing.notify import Listener
 from plumbing.settings import Settings
 from schemas.webhooks import WEBHOOKS_CHANNEL
-from workers.webhooks.app import consume
+from workers.webhooks.app import Consuming, consume
 from workers.webhooks.attempt_repository import AttemptRepository
 from workers.webhooks.delivery_repository import DeliveryRepository
 from workers.webhooks.dispatch import Dispatcher
@@ -64,7 +64,13 @@ async def run_webhooks(settings: Settings, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(listener.run(stop), name="webhooks-listen")
             tasks.create_task(dispatcher.run(stop), name="webhooks-deliver")
-            tasks.create_task(consume(settings, handler, stop), name="webhooks-consume")
+            consuming = Consuming(
+                bootstrap=settings.require_kafka(),
+                kafka=settings.kafka,
+                webhooks=settings.webhooks,
+                data_dir=settings.data_dir,
+            )
+            tasks.create_task(consume(consuming, handler, stop), name="webhooks-consume")
     finally:
         await client.aclose()
         await db.dispose()

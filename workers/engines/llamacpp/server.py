@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from plumbing.settings import Settings
+from plumbing.settings.engines import LlamacppSettings
 
 log = logging.getLogger(__name__)
 
@@ -34,21 +34,21 @@ class ModelMissing(ServerNotStarted):
     pass
 
 
-def server_params(settings: Settings, model: Path) -> Any:
-    """llama.cpp's ``common_params`` for the server, from Settings."""
+def server_params(llama: LlamacppSettings, model: Path) -> Any:
+    """llama.cpp's ``common_params`` for the server, from its settings group."""
     import xllamacpp
 
     params = xllamacpp.CommonParams()
     params.model.path = str(model)
-    params.n_parallel = settings.llamacpp_slots
-    params.n_ctx = settings.llamacpp_slots * settings.llamacpp_slot_context
-    params.cpuparams.n_threads = settings.llamacpp_threads
-    params.cpuparams_batch.n_threads = settings.llamacpp_threads
+    params.n_parallel = llama.llamacpp_slots
+    params.n_ctx = llama.llamacpp_slots * llama.llamacpp_slot_context
+    params.cpuparams.n_threads = llama.llamacpp_threads
+    params.cpuparams_batch.n_threads = llama.llamacpp_threads
     params.endpoint_metrics = True
     params.endpoint_slots = True
     params.endpoint_props = True
     params.hostnames = [HOST]
-    params.port = port_of(settings.llamacpp_url)
+    params.port = port_of(llama.llamacpp_url)
     params.verbosity = QUIET
     return params
 
@@ -60,14 +60,14 @@ def port_of(url: str) -> int:
     return port
 
 
-async def serve(settings: Settings, model: Path, stop: asyncio.Event) -> None:
+async def serve(llama: LlamacppSettings, model: Path, stop: asyncio.Event) -> None:
     """Run the server on the GGUF file ``model`` until ``stop`` is set. ModelMissing if the
     file is not there, ServerNotStarted if llama.cpp refuses it."""
     if not await asyncio.to_thread(model.is_file):
         raise ModelMissing(f"no model at {model}: run `sluicegate model pull` first")
     import xllamacpp
 
-    params = server_params(settings, model)
+    params = server_params(llama, model)
     try:
         server = await asyncio.to_thread(xllamacpp.Server, params)
     except RuntimeError as exc:  # xllamacpp says only that init failed; llama.cpp logs why
@@ -83,9 +83,9 @@ async def serve(settings: Settings, model: Path, stop: asyncio.Event) -> None:
         model.name,
         HOST,
         params.port,
-        settings.llamacpp_slots,
-        settings.llamacpp_slot_context,
-        settings.llamacpp_threads,
+        llama.llamacpp_slots,
+        llama.llamacpp_slot_context,
+        llama.llamacpp_threads,
     )
     try:
         await stop.wait()
