@@ -56,6 +56,8 @@ IN_REQUEST: dict[str, Any] = {"attempts": 5, "first_wait_s": 0.02, "max_wait_s":
 _JITTER = random.Random()
 
 SQLSTATES = {"40P01": "deadlock", "40001": "serialization_failure"}
+# The server going away, or not taking connections yet: a restart, a failover, a full house.
+CONNECTION_SQLSTATES = {"57P01", "57P02", "57P03", "53300"}  # shutdown, crash, starting up, full
 
 Classifier = Callable[[BaseException], str | None]
 
@@ -71,6 +73,8 @@ def transient_error(exc: BaseException) -> str | None:
         code = getattr(exc.orig, "sqlstate", None)
         if code in SQLSTATES:
             return SQLSTATES[code]
+        if code in CONNECTION_SQLSTATES or (isinstance(code, str) and code.startswith("08")):
+            return "connection"  # class 08: connection exception
         if exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError):
             return "connection"
         return None

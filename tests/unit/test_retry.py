@@ -32,6 +32,11 @@ def test_what_is_transient() -> None:
     assert transient_error(error("40P01")) == "deadlock"
     assert transient_error(error("40001")) == "serialization_failure"
     assert transient_error(error(None, OperationalError)) == "connection"
+    # A server restarting: "the database system is starting up", then shutting down, and a
+    # connection exception (class 08)
+    assert transient_error(error("57P03")) == "connection"
+    assert transient_error(error("57P01")) == "connection"
+    assert transient_error(error("08006")) == "connection"
     assert transient_error(ConnectionResetError()) == "connection"
     assert transient_error(error("23505", IntegrityError)) is None  # a unique violation
     assert transient_error(error("22P05")) is None  # a NUL character: the caller's fault
