@@ -4,8 +4,11 @@ A batch's input is OpenAI Batch input (one request per line: ``custom_id``, ``me
 ``url``, ``body``); its status is OpenAI's batch object with Sluicegate's per-state counts
 beside OpenAI's ``request_counts``; its output is OpenAI Batch output (``id``,
 ``custom_id``, ``response`` or ``error``) with a ``sluicegate`` member holding the job's
-state. A batch is refused whole or stored whole, so it is never ``validating`` or
-``failed``.
+state. A batch sent whole is refused whole or stored whole; one made from an uploaded file
+is stored ``validating`` and its lines are checked in the background
+(``producers.batches.lifecycle``): ``failed`` with OpenAI's per-line ``errors``, or
+``in_progress``; once every line ended it is ``finalizing`` while its output and error
+files are written, then ``completed``, ``expired`` or ``cancelled``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from schemas.batch_lines import ENDPOINTS as ENDPOINTS  # re-exported
 from schemas.batch_lines import RequestLine as RequestLine
 from schemas.batch_lines import line_job as line_job
 from schemas.errors import InvalidRequest, SluicegateError
-from schemas.jobs import Job
 from schemas.states import TERMINAL_STATES, JobState
 
 DEFAULT_WINDOW = "24h"
@@ -31,7 +33,19 @@ _TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
 _WINDOW = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 _UNIT_S = (86400, 3600, 60, 1)
 
-Status = Literal["in_progress", "cancelling", "completed", "expired", "cancelled"]
+Status = Literal[
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "cancelling",
+    "completed",
+    "expired",
+    "cancelled",
+]
+# The statuses a batch no longer leaves.
+ENDED_STATUSES = ("failed", "completed", "expired", "cancelled")
+MAX_BATCH_ERRORS = 1000  # the lines a failed batch's errors.data names, at most
 
 
 class InvalidBatch(InvalidRequest):
@@ -187,6 +201,20 @@ def batch_status(cancelled_at: datetime | None, counts: Mapping[str, int], total
     return "completed"
 
 
+class BatchError(BaseModel):
+    """OpenAI's error of one input line (``line`` from 1), or of the whole file (no line)."""
+
+    code: str
+    message: str
+    param: str | None = None
+    line: int | None = None
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchError]
+
+
 class RequestCounts(BaseModel):
     total: int
     completed: int  # succeeded
@@ -200,18 +228,18 @@ class BatchView(BaseModel):
     id: str
     object: Literal["batch"] = "batch"
     endpoint: str
-    errors: None = None
+    errors: BatchErrors | None = None
     input_file_id: str | None = None
     completion_window: str
     status: Status
     output_file_id: str | None = None
     error_file_id: str | None = None
     created_at: int
-    in_progress_at: int
+    in_progress_at: int | None
     expires_at: int
     finalizing_at: int | None = None
     completed_at: int | None
-    failed_at: None = None
+    failed_at: int | None = None
     expired_at: int | None
     cancelling_at: int | None
     cancelled_at: int | None
@@ -235,63 +263,39 @@ class BatchList(BaseModel):
     next_after: str | None
 
 
-ResultPart = Literal["output", "error"]
-_RESULT_FILE = re.compile(
-    r"^file-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(output|error)$"
-)
-
-
-def result_file_id(batch_id: str, part: ResultPart) -> str:
-    """The id of a batch's output file (its succeeded lines) or error file (the rest), as
-    OpenAI splits them; read with GET /v1/files/{id}/content once the batch has ended."""
-    return f"file-{batch_id}-{part}"
-
-
-def result_file(file_id: str) -> tuple[str, ResultPart] | None:
-    """The batch and part a result file id names; None for any other file id."""
-    match = _RESULT_FILE.match(file_id)
-    if match is None:
-        return None
-    part: ResultPart = "output" if match.group(2) == "output" else "error"
-    return match.group(1), part
-
-
-def in_part(job: Job, part: ResultPart | None) -> bool:
-    """Whether a terminal job's line belongs in ``part`` (None: every line)."""
-    if part is None:
-        return True
-    return (job.state is JobState.SUCCEEDED) == (part == "output")
-
-
 def _unix(at: datetime | None) -> int | None:
     return int(at.timestamp()) if at is not None else None
 
 
 def batch_view(
-    row: Mapping[Any, Any], counts: Mapping[str, int], ended_at: datetime | None
+    row: Mapping[Any, Any], counts: Mapping[str, int], ended_at: datetime | None = None
 ) -> BatchView:
-    """The batch object of a stored batch (``row``: a ``batches`` row), its jobs' counts by
-    state, and when its last job ended."""
+    """The batch object of a stored batch (``row``: a ``batches`` row, whose ``status``,
+    times and result files the lifecycle wrote) and its jobs' counts by state."""
     batch = batch_from_row(row)
-    status = batch_status(batch.cancelled_at, counts, batch.total)
-    done = ended_at if status in ("completed", "expired", "cancelled") else None
+    status: Status = row["status"]
+    done = row["finished_at"] if status in ENDED_STATUSES else None
     succeeded = counts.get(JobState.SUCCEEDED.value, 0)
     ended = sum(n for state, n in counts.items() if state in _TERMINAL)
+    errors = row["errors"]
     return BatchView(
         id=batch.id,
         endpoint=batch.endpoint,
+        errors=BatchErrors(data=[BatchError(**e) for e in errors]) if errors else None,
         input_file_id=batch.input_file_id,
         completion_window=batch.completion_window,
         status=status,
         created_at=int(batch.created_at.timestamp()),
-        in_progress_at=int(batch.created_at.timestamp()),
+        in_progress_at=_unix(row["in_progress_at"]),
         expires_at=int(batch.deadline.timestamp()),
+        finalizing_at=_unix(row["finalizing_at"]),
         completed_at=_unix(done) if status == "completed" else None,
+        failed_at=_unix(done) if status == "failed" else None,
         expired_at=_unix(done) if status == "expired" else None,
         cancelling_at=_unix(batch.cancelled_at),
         cancelled_at=_unix(done) if status == "cancelled" else None,
-        output_file_id=result_file_id(batch.id, "output") if done and succeeded else None,
-        error_file_id=result_file_id(batch.id, "error") if done and ended > succeeded else None,
+        output_file_id=row["output_file_id"],
+        error_file_id=row["error_file_id"],
         request_counts=RequestCounts(
             total=batch.total, completed=succeeded, failed=ended - succeeded
         ),
@@ -301,73 +305,3 @@ def batch_view(
         callback_url=batch.callback_url,
         results_url=f"/v1/batches/{batch.id}/results",
     )
-
-
-def _response_body(endpoint: str, job: Job) -> dict[str, Any]:
-    """A succeeded job's result in the shape its endpoint answers in."""
-    result = job.result or {}
-    text = str(result.get("text", ""))
-    prompt_tokens = int(result.get("prompt_tokens", 0))
-    output_tokens = int(result.get("output_tokens", 0))
-    usage = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": output_tokens,
-        "total_tokens": prompt_tokens + output_tokens,
-    }
-    finish = "length" if output_tokens >= job.max_tokens else "stop"
-    created = int((job.finished_at or job.created_at).timestamp())
-    model = str(result.get("model") or result.get("engine", ""))  # as asked, else the engine
-    if endpoint == "/v1/chat/completions":
-        return {
-            "id": f"chatcmpl-{job.id}",
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": finish,
-                }
-            ],
-            "usage": usage,
-        }
-    if endpoint == "/v1/completions":
-        return {
-            "id": f"cmpl-{job.id}",
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish}],
-            "usage": usage,
-        }
-    return {"object": "job.result", "finish_reason": finish, **result}
-
-
-def result_line(endpoint: str, job: Job) -> dict[str, Any]:
-    """One line of OpenAI Batch output for a terminal job: ``response`` when it
-    succeeded, else ``error`` with the stop reason's code and message."""
-    ended = job.state is JobState.SUCCEEDED
-    error = None
-    if not ended:
-        stop = job.error or {}
-        error = {
-            "code": str(stop.get("code", job.state.value)),
-            "message": str(stop.get("message", f"the job ended {job.state.value}")),
-        }
-    return {
-        "id": f"batch_req_{job.id}",
-        "custom_id": job.custom_id,
-        "response": (
-            {"status_code": 200, "request_id": job.id, "body": _response_body(endpoint, job)}
-            if ended
-            else None
-        ),
-        "error": error,
-        "sluicegate": {
-            "job_id": job.id,
-            "state": job.state.value,
-            "finished_at": job.finished_at.isoformat() if job.finished_at else None,
-            "decoded_tokens": job.decoded_tokens,
-        },
-    }

@@ -10,6 +10,9 @@ WORKER_GROUP = "sluicegate-workers"
 HEADER_TENANT = "X-Sluicegate-Tenant"
 HEADER_IDEMPOTENCY_KEY = "Idempotency-Key"
 HEADER_IDEMPOTENT_REPLAY = "Idempotent-Replayed"
+# A synchronous completion's deadline in seconds from now (else setting sync_deadline_s).
+HEADER_DEADLINE_S = "X-Sluicegate-Deadline-S"
+HEADER_JOB_ID = "X-Sluicegate-Job-Id"  # the job that answered a synchronous completion
 
 OUTBOX_CHANNEL = "sluicegate_outbox"
 # Every change of a job into a terminal state, payload "<job id> <state> <epoch> <reason>"

@@ -12,7 +12,7 @@ from schemas.errors import SluicegateError
 
 FILE_ID_PREFIX = "file-"
 # The purposes an upload may name: Sluicegate runs batches only (``batch_output`` files
-# are the ones a batch produces, never uploaded).
+# are the ones a batch produces, never uploaded: its output and error files).
 UPLOAD_PURPOSES = ("batch",)
 Order = Literal["asc", "desc"]
 
@@ -29,15 +29,6 @@ class UnsupportedPurpose(SluicegateError):
     OpenAI Batch input."""
 
     code = "unsupported_purpose"
-    status = 400
-
-
-class InvalidBatchLine(SluicegateError):
-    """A line of a ``purpose=batch`` upload is not an OpenAI Batch request line (or repeats
-    a ``custom_id``, or names another ``url`` than the lines before it); ``details`` lists
-    the bad lines by number. Nothing was stored."""
-
-    code = "invalid_batch_line"
     status = 400
 
 

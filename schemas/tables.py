@@ -197,9 +197,16 @@ batches = Table(
     metadata,
     Column("id", UUID(as_uuid=False), primary_key=True),
     Column("tenant", Text, nullable=False),
-    # OpenAI Batch statuses: in_progress, finalizing, completed, expired, cancelling,
-    # cancelled (a refused batch is not stored, so never validating or failed).
+    # OpenAI Batch statuses: validating (a file's lines not checked yet), failed (some were
+    # bad: ``errors``), in_progress, cancelling, finalizing (the result files being
+    # written), completed, expired, cancelled (producers/batches/lifecycle.py).
     Column("status", Text, nullable=False),
+    Column("priority", Text, nullable=False, server_default="normal"),
+    Column("errors", JSONB, nullable=True),  # OpenAI's errors.data of a failed batch
+    Column("in_progress_at", DateTime(timezone=True), nullable=True),
+    Column("finalizing_at", DateTime(timezone=True), nullable=True),
+    Column("output_file_id", Text, nullable=True),  # stored files (purpose batch_output)
+    Column("error_file_id", Text, nullable=True),
     Column("endpoint", Text, nullable=False),
     Column("completion_window", Text, nullable=False),
     Column("deadline", DateTime(timezone=True), nullable=False),
@@ -214,7 +221,14 @@ batches = Table(
     # The uploaded file (POST /v1/files) the batch was made from; null for a batch sent
     # whole. Not a foreign key: the file may be deleted while its batch is kept.
     Column("input_file_id", Text, nullable=True),
-    CheckConstraint("total > 0", name="total"),
+    CheckConstraint("total >= 0", name="total"),  # 0: failed validation
+    Index(
+        "ix_batches_active",
+        "status",
+        postgresql_where=text(
+            "status IN ('validating', 'in_progress', 'cancelling', 'finalizing')"
+        ),
+    ),
     Index(
         "uq_batches_tenant_idempotency_key",
         "tenant",

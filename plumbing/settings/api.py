@@ -117,6 +117,13 @@ class ApiSettings(SettingsGroup):
         description="Longest a request may hold its connection waiting for a terminal state "
         "(`?wait=`).",
     )
+    sync_deadline_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="The deadline of a synchronous `POST /v1/chat/completions` or "
+        "`/v1/completions` that sends no `X-Sluicegate-Deadline-S` header: its job's time to "
+        "live and how long the request waits for it (at most `max_wait_s`).",
+    )
     api_shutdown_timeout_s: int = Field(
         default=5,
         ge=1,

@@ -1,5 +1,6 @@
 """The HTTP API's app factory: the lifespan, the body limits, the error handlers and the
-routers of jobs, health and metrics, batches, files and webhooks."""
+routers of jobs, health and metrics, batches, files, webhooks and OpenAI's synchronous
+completions and models."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
 from producers.admission.limits import BodyLimit
-from producers.api import batches, errors, files, health, jobs, webhooks
+from producers.api import batches, completions, errors, files, health, jobs, webhooks
 from producers.api.lifespan import Lifespan
 from producers.lag.monitor import LagSource
 
@@ -42,4 +43,5 @@ def create_app(
     app.include_router(batches.router)
     app.include_router(files.router)
     app.include_router(webhooks.router)
+    app.include_router(completions.router)
     return app

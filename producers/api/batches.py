@@ -4,14 +4,16 @@ POST /v1/batches takes the requests as JSON (``{"requests": [...], ...}`` or, as
 ``{"input_file_id": ..., "endpoint": ...}``), as an uploaded JSONL file (multipart/form-data,
 field ``file``, options as form fields), or as a raw JSONL body (``application/jsonl`` or
 ``application/x-ndjson``, options in the query). A batch is accepted whole or refused
-whole; its jobs are held and metered into the queue (``producers.batches.meter``).
+whole; its jobs are held and metered into the queue (``producers.batches.meter``). A batch
+of an uploaded file (``input_file_id``) is stored ``validating`` and its lines are checked in
+the batch (``producers.batches.lifecycle``), as OpenAI's Batch API does.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -22,24 +24,31 @@ from starlette.exceptions import HTTPException
 
 from plumbing.retry import IN_REQUEST, retrying
 from producers.api import openapi
-from producers.api.deps import Admission, AppSettings, Batches, Files, Meter, Tenant
+from producers.api.deps import (
+    Admission,
+    AppSettings,
+    Batches,
+    Files,
+    Lifecycle,
+    Meter,
+    Tenant,
+)
 from producers.batches.input import (
     RequestChecker,
     check_all,
     chunked,
     create_body,
-    file_requests,
     jsonl_lines,
     new_batch,
     parse_create,
 )
 from producers.batches.meter import held_ahead
-from producers.batches.repository import BatchRequest
 from producers.batches.results import result_lines
 from producers.files.repository import FileStore
 from producers.metrics import SUBMITTED
 from schemas import constants
 from schemas.batches import (
+    ENDPOINTS,
     BatchList,
     BatchView,
     CreateBatch,
@@ -125,19 +134,16 @@ async def _body(request: Request) -> CreateBatch:
     )
 
 
-async def _requests(
-    body: CreateBatch, files: FileStore, tenant: str, checker: RequestChecker
-) -> AsyncIterator[list[BatchRequest]]:
-    """The batch's requests in chunks: those sent in the body (checked whole first, so that
-    a bad one is refused before anything is written), or those of its ``input_file_id``,
-    read from storage a chunk at a time and checked as they are written."""
-    if body.input_file_id is None:
-        assert body.requests is not None
-        return chunked(check_all(body.requests, checker))
-    found = await files.get(tenant, body.input_file_id)  # 404 file_not_found
+async def _file_lines(body: CreateBatch, files: FileStore, tenant: str) -> int:
+    """The lines of the batch's uploaded file (404 ``file_not_found``): as many jobs as
+    it may make, for admission; its lines are checked in the batch (``validating``)."""
+    assert body.input_file_id is not None
+    found, lines = await files.with_lines(tenant, body.input_file_id)
     if found.purpose != "batch":
         raise InvalidRequest(f"file {found.id} has purpose {found.purpose!r}, not 'batch'")
-    return file_requests(files.lines(tenant, found.id), checker)
+    if body.endpoint is not None and body.endpoint not in ENDPOINTS:
+        raise InvalidRequest(f"endpoint {body.endpoint!r} is not one of {', '.join(ENDPOINTS)}")
+    return max(1, lines)
 
 
 @router.post(
@@ -163,6 +169,7 @@ async def create_batch(
     store: Batches,
     files: Files,
     meter: Meter,
+    lifecycle: Lifecycle,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -179,11 +186,28 @@ async def create_batch(
     stored first."""
     body = await _body(request)
     now = datetime.now(UTC)
-    new = new_batch(
-        body, tenant=tenant, idempotency_key=idempotency_key, now=now, api=settings.api
-    )
+    new = new_batch(body, tenant=tenant, idempotency_key=idempotency_key, now=now, api=settings.api)
+    if body.input_file_id is not None:  # OpenAI's flow: validating, checked in the batch
+        lines = await _file_lines(body, files, tenant)
+
+        def admit_file(jobs: int, held: Mapping[str, int]) -> None:
+            # Each line's max_tokens is known once it is checked: the least (1) here.
+            admission.admit_batch(
+                tenant=tenant,
+                jobs=jobs,
+                ahead=held_ahead(held, tenant, jobs),
+                max_tokens=1,
+                deadline=new.deadline,
+                now=now,
+            )
+
+        view, created = await store.create_validating(new, lines=lines, admit=admit_file)
+        if created:
+            lifecycle.wake()
+        return _created(view, created)
     checker = RequestChecker(settings.api, endpoint=body.endpoint)
-    chunks = await _requests(body, files, tenant, checker)
+    assert body.requests is not None
+    chunks = chunked(check_all(body.requests, checker))
 
     def admit(jobs: int, held: Mapping[str, int]) -> None:
         admission.admit_batch(
@@ -196,12 +220,16 @@ async def create_batch(
         )
 
     view, created = await store.create(new, chunks, endpoint=checker.finish, admit=admit)
-    headers = {"Location": f"/v1/batches/{view.id}"}
     if created:
         meter.wake()
         for kind, n in checker.kinds.items():
             SUBMITTED.labels(kind=kind, priority=new.priority.value).inc(n)
-    else:
+    return _created(view, created)
+
+
+def _created(view: BatchView, created: bool) -> JSONResponse:
+    headers = {"Location": f"/v1/batches/{view.id}"}
+    if not created:
         headers[constants.HEADER_IDEMPOTENT_REPLAY] = "true"
     return JSONResponse(
         view.model_dump(mode="json"), status_code=201 if created else 200, headers=headers

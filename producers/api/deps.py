@@ -14,6 +14,7 @@ from fastapi import Depends, Header, Request
 from plumbing.settings import Settings
 from producers.admission.controller import AdmissionController
 from producers.api.waiting import Waiting
+from producers.batches.lifecycle import Lifecycle as BatchLifecycle
 from producers.batches.meter import Meter as BatchMeter
 from producers.batches.repository import BatchStore
 from producers.files.repository import FileStore
@@ -67,6 +68,11 @@ async def batch_meter(request: Request) -> BatchMeter:
     return meter
 
 
+async def batch_lifecycle(request: Request) -> BatchLifecycle:
+    lifecycle: BatchLifecycle = request.app.state.lifecycle
+    return lifecycle
+
+
 async def file_store(request: Request) -> FileStore:
     store: FileStore = request.app.state.files
     return store
@@ -90,6 +96,7 @@ Waits = Annotated[Waiting, Depends(waiting)]
 Batches = Annotated[BatchStore, Depends(batch_store)]
 Files = Annotated[FileStore, Depends(file_store)]
 Meter = Annotated[BatchMeter, Depends(batch_meter)]
+Lifecycle = Annotated[BatchLifecycle, Depends(batch_lifecycle)]
 Webhooks = Annotated[WebhookStore, Depends(webhook_store)]
 Keys = Annotated[KeyStore, Depends(key_store)]
 

@@ -19,6 +19,7 @@ from plumbing.retry import transient_error
 from producers.admission.limits import BodyTooLarge, RequestTimeout
 from producers.admission.policy import Refused
 from producers.metrics import REFUSED
+from schemas.completions import SERVED, UnknownEndpoint
 from schemas.errors import SluicegateError
 
 log = logging.getLogger(__name__)
@@ -135,12 +136,17 @@ async def _body_limit(_: Request, exc: BodyTooLarge | RequestTimeout) -> JSONRes
     return error_response(exc.status_code, exc.code, exc.detail, headers=exc.headers)
 
 
-async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+async def _http(request: Request, exc: HTTPException) -> JSONResponse:
     cause = exc.__cause__
     if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError | RecursionError):
         # FastAPI could not decode a JSON body: not UTF-8, or nested past the parser.
         reason = "not UTF-8" if isinstance(cause, UnicodeDecodeError) else "nested too deeply"
         return error_response(400, "invalid_json", f"the body is not valid JSON: {reason}")
+    if exc.status_code == 404 and request.url.path.startswith("/v1/"):
+        unknown = UnknownEndpoint(
+            f"Sluicegate does not serve {request.url.path}; it serves {SERVED}"
+        )
+        return error_response(unknown.status, unknown.code, unknown.message)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
 

@@ -13,9 +13,8 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
 from producers.api import openapi
-from producers.api.deps import AppSettings, Batches, Files, Tenant
-from producers.batches.results import find_result_file
-from producers.files.checks import BatchFileCheck
+from producers.api.deps import AppSettings, Files, Tenant
+from producers.files.checks import UploadCheck
 from producers.files.repository import PART_BYTES
 from schemas.batches import InvalidMultipart
 from schemas.errors import InvalidRequest
@@ -85,9 +84,9 @@ def _purpose(value: object) -> str:
 async def create_file(
     request: Request, tenant: Tenant, settings: AppSettings, store: Files
 ) -> JSONResponse:
-    """Every non-blank line must be an OpenAI Batch request line (``custom_id`` unique, one
-    ``url`` for the file), at most ``max_file_lines`` of them in at most ``max_file_bytes``.
-    A bad file is refused whole, its first bad lines named by number; nothing is stored."""
+    """Any file of at most ``max_file_lines`` non-blank lines in at most ``max_file_bytes``
+    (else 413, nothing stored): as in OpenAI's Batch API, its lines are checked in the
+    batch made from it, which is ``failed`` with the bad lines in ``errors.data``."""
     form = await _form(request)
     try:
         purpose = _purpose(form.get("purpose"))
@@ -97,7 +96,7 @@ async def create_file(
         filename = upload.filename or "file"
         if len(filename) > MAX_FILENAME:
             raise InvalidRequest(f"the filename is over {MAX_FILENAME} characters")
-        check = BatchFileCheck(max_bytes=settings.max_file_bytes, max_lines=settings.max_file_lines)
+        check = UploadCheck(max_bytes=settings.max_file_bytes, max_lines=settings.max_file_lines)
 
         async def chunks() -> AsyncIterator[bytes]:
             while chunk := await upload.read(PART_BYTES):
@@ -124,7 +123,8 @@ async def list_files(
     order: Annotated[Order, Query(description="by created_at")] = "desc",
     purpose: Annotated[str | None, Query(max_length=64)] = None,
 ) -> FileList:
-    """The caller's files by creation time, newest first unless ``order=asc``."""
+    """The caller's files by creation time, newest first unless ``order=asc``: uploads
+    (purpose ``batch``) and the batches' output and error files (``batch_output``)."""
     page, more = await store.list(tenant, purpose=purpose, after=after, limit=limit, order=order)
     return FileList(
         data=page,
@@ -135,10 +135,9 @@ async def list_files(
 
 
 @router.get("/{file_id}", response_model=FileObject, summary="Read a file's object")
-async def get_file(file_id: str, store: Files, batches: Batches, tenant: Tenant) -> FileObject:
-    """An uploaded file, or a batch's output or error file once the batch has ended."""
-    if (found := await find_result_file(batches, tenant, file_id)) is not None:
-        return await found.file_object(batches)
+async def get_file(file_id: str, store: Files, tenant: Tenant) -> FileObject:
+    """An uploaded file, or a batch's output or error file (purpose ``batch_output``),
+    written while the batch was ``finalizing``."""
     return await store.get(tenant, file_id)
 
 
@@ -148,13 +147,9 @@ async def get_file(file_id: str, store: Files, batches: Batches, tenant: Tenant)
     response_class=StreamingResponse,
     responses={200: {"content": {OCTET_STREAM: {}}, "description": "The file as uploaded"}},
 )
-async def file_content(
-    file_id: str, store: Files, batches: Batches, tenant: Tenant
-) -> StreamingResponse:
+async def file_content(file_id: str, store: Files, tenant: Tenant) -> StreamingResponse:
     """The file's bytes as uploaded, streamed a part (about 1 MiB) at a time; a batch's
-    output or error file as OpenAI Batch output lines in submission order."""
-    if (found := await find_result_file(batches, tenant, file_id)) is not None:
-        return StreamingResponse(found.lines(batches), media_type=OCTET_STREAM)
+    output or error file holds OpenAI Batch output lines in submission order."""
     parts = store.content(tenant, file_id)
     first = await anext(parts, b"")  # 404 before the stream starts
 

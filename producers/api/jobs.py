@@ -56,7 +56,7 @@ def _status_url(job_id: str) -> str:
     return f"/v1/jobs/{job_id}"
 
 
-async def _admitted(
+async def admitted(
     admission: AdmissionController, groups: GroupCommit, new: NewJob, now: datetime
 ) -> tuple[Job, bool]:
     """The job stored (True) or the one stored first under its idempotency key (False),
@@ -120,7 +120,7 @@ async def submit(
     wait = wait_limit(wait, settings.max_wait_s)  # refused before anything is stored
     now = datetime.now(UTC)
     new = new_job(body, tenant=tenant, header_key=idempotency_key, now=now, api=settings.api)
-    job, created = await _admitted(admission, groups, new, now)
+    job, created = await admitted(admission, groups, new, now)
     headers = {"Location": _status_url(job.id)}
     if not created:
         headers[constants.HEADER_IDEMPOTENT_REPLAY] = "true"

@@ -20,6 +20,9 @@ from producers.admission.flow import report_flow
 from producers.admission.policy import Policy
 from producers.admission.ratelimit import TenantLimits
 from producers.api.waiting import Reads, Waiters
+from producers.batches.input import RequestChecker
+from producers.batches.lifecycle import Lifecycle
+from producers.batches.lifecycle_repository import LifecycleStore
 from producers.batches.meter import Meter
 from producers.batches.meter_repository import MeterStore
 from producers.batches.repository import BatchStore
@@ -47,6 +50,7 @@ class Services:
     admission: AdmissionController
     monitor: LagMonitor
     meter: Meter
+    lifecycle: Lifecycle
     waiters: Waiters
     reads: Reads
 
@@ -100,15 +104,24 @@ def build(
         TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm),
         estimate,
     )
+    batches = BatchStore(db, events_topic=settings.events_topic)
+    files = FileStore(db)
+    meter = _meter(settings, db, admission)
     return Services(
         repo=repo,
         group_commit=GroupCommit.of(repo, settings.api),
-        batches=BatchStore(db, events_topic=settings.events_topic),
-        files=FileStore(db),
+        batches=batches,
+        files=files,
         keys=KeyStore(db, cache_s=settings.api_key_cache_s),
         admission=admission,
         monitor=monitor,
-        meter=_meter(settings, db, admission),
+        meter=meter,
+        lifecycle=Lifecycle(
+            LifecycleStore(db, batches, files),
+            lambda endpoint: RequestChecker(settings.api, endpoint=endpoint),
+            interval_s=settings.lag_interval_s,
+            released=meter.wake,
+        ),
         waiters=Waiters(limit=settings.api_max_connections),
         reads=Reads(repo),
     )
@@ -181,12 +194,14 @@ def _own_source(settings: Settings, db: AsyncEngine) -> KafkaLagSource | SharedL
 @asynccontextmanager
 async def _background(services: Services, db: AsyncEngine) -> AsyncIterator[None]:
     """The lag monitor, the flow report, the jobs channel's listener (it wakes the waiting
-    requests and the meter), the submit groups' writer and the batch meter, stopped and
+    requests, the meter and the batch lifecycle), the submit groups' writer, the batch meter
+    and the batch lifecycle, stopped and
     awaited at the end."""
 
     def on_notice(payload: str) -> None:
         services.waiters.on_notice(payload)
         services.meter.job_ended()  # room for a held job
+        services.lifecycle.wake()  # perhaps a batch's last job
 
     listener = Listener(
         db.url.render_as_string(hide_password=False),
@@ -202,6 +217,7 @@ async def _background(services: Services, db: AsyncEngine) -> AsyncIterator[None
         asyncio.create_task(listener.run(stop), name="jobs-listener"),
         asyncio.create_task(services.group_commit.run(stop), name="submit-groups"),
         asyncio.create_task(services.meter.run(stop), name="batch-meter"),
+        asyncio.create_task(services.lifecycle.run(stop), name="batch-lifecycle"),
     ]
     try:
         yield

@@ -21,11 +21,13 @@ from producers.files.checks import LineSplitter, SameBatch, json_line, validatio
 from schemas.batch_lines import line_request
 from schemas.batches import (
     DEFAULT_WINDOW,
+    MAX_BATCH_ERRORS,
     MAX_ERRORS_SHOWN,
     BatchTooLarge,
     CreateBatch,
     InvalidBatch,
     InvalidCompletionWindow,
+    InvalidJsonl,
     RequestLine,
     window_seconds,
 )
@@ -36,6 +38,11 @@ from schemas.webhooks import check_callback_url
 
 # Request lines written per statement (and held in memory at once) while a batch is stored.
 CHUNK = 1000
+# A stored file's line that is not JSON: OpenAI's code for it in a failed batch's errors.
+INVALID_JSON_LINE = "invalid_json_line"
+TOO_MANY_REQUESTS = "too_many_requests"  # past max_batch_requests
+EMPTY_FILE = "empty_file"
+_PARAMS = {"duplicate_custom_id": "custom_id", "mixed_urls": "url"}
 
 
 def jsonl_lines(data: bytes) -> list[Any]:
@@ -67,6 +74,7 @@ class RequestChecker:
         self._together = SameBatch()
         self._together.url = endpoint
         self._problems: list[dict[str, Any]] = []
+        self.params: list[str | None] = []  # each problem's parameter, as OpenAI names it
         self.lines = 0
         self.max_tokens = 0
         self.kinds: Counter[str] = Counter()
@@ -86,16 +94,19 @@ class RequestChecker:
             _check_input(asked.input, asked.max_tokens, self._api)
             check_model(asked.model, self._api.models)
         except ValidationError as exc:
-            self._problem(number, custom_id, "invalid_request", validation_message(exc))
+            where = ".".join(str(p) for p in exc.errors(include_url=False)[0]["loc"])
+            self._problem(number, custom_id, "invalid_request", validation_message(exc), where)
             return None
         except SluicegateError as exc:  # model_not_found, or invalid_request
-            self._problem(number, custom_id, exc.code, str(exc))
+            param = "body.model" if exc.code == "model_not_found" else None
+            self._problem(number, custom_id, exc.code, str(exc), param)
             return None
         except ValueError as exc:
-            self._problem(number, custom_id, "invalid_request", str(exc))
+            self._problem(number, custom_id, "invalid_request", str(exc), "url")
             return None
         if (problem := self._together.problem(line)) is not None:
-            self._problem(number, custom_id, *problem)
+            code, message = problem
+            self._problem(number, custom_id, code, message, _PARAMS.get(code))
             return None
         self.max_tokens = max(self.max_tokens, asked.max_tokens)
         self.kinds[asked.kind.value] += 1
@@ -107,10 +118,23 @@ class RequestChecker:
             params=asked.params,
         )
 
-    def _problem(self, number: int, custom_id: object, code: str, message: str) -> None:
+    def _problem(
+        self, number: int, custom_id: object, code: str, message: str, param: str | None = None
+    ) -> None:
         self._problems.append(
             {"line": number, "custom_id": custom_id, "code": code, "message": message}
         )
+        self.params.append(param)
+
+    def not_json(self, number: int, message: str) -> None:
+        """Line ``number`` is not a JSON value (a stored file's, checked in the batch)."""
+        self.lines += 1
+        self._problem(number, None, INVALID_JSON_LINE, message)
+
+    @property
+    def problems(self) -> list[dict[str, Any]]:
+        """The bad lines so far: ``line``, ``custom_id``, ``code``, ``message``."""
+        return self._problems
 
     def finish(self) -> str:
         """The batch's endpoint, once every line was checked and none was bad."""
@@ -124,6 +148,54 @@ class RequestChecker:
             )
         assert self.endpoint is not None
         return self.endpoint
+
+
+class FileValidation:
+    """A stored file's lines checked in its batch (``validating``), fed one at a time:
+    ``feed`` gives each good line's request while no line was bad (after the first bad
+    line, lines are only checked, to name the bad ones); ``errors`` lists the bad lines as
+    OpenAI's ``errors.data`` (``code``, ``message``, ``param``, ``line``), at most
+    ``max_errors``; ``done`` once nothing more needs reading."""
+
+    def __init__(self, checker: RequestChecker, *, max_errors: int = MAX_BATCH_ERRORS) -> None:
+        self.checker = checker
+        self._max_errors = max_errors
+
+    @property
+    def done(self) -> bool:
+        return len(self.checker.problems) >= self._max_errors
+
+    def feed(self, number: int, line: bytes) -> BatchRequest | None:
+        check = self.checker
+        if check.lines >= check.max_lines:
+            check.not_json(number, f"a batch holds at most {check.max_lines} requests")
+            check.problems[-1]["code"] = TOO_MANY_REQUESTS
+            self._max_errors = len(check.problems)  # nothing past it is read
+            return None
+        try:
+            value = json_line(number, line)
+        except InvalidJsonl as exc:
+            check.not_json(number, exc.message)
+            return None
+        request = check.check(number, value)
+        return request if not check.problems else None
+
+    def errors(self) -> list[dict[str, Any]]:
+        """OpenAI's errors.data; an empty file is one error without a line."""
+        check = self.checker
+        if not check.problems and check.lines == 0:
+            return [
+                {
+                    "code": EMPTY_FILE,
+                    "message": "the file holds no request lines",
+                    "param": None,
+                    "line": None,
+                }
+            ]
+        return [
+            {"code": p["code"], "message": p["message"], "param": param, "line": p["line"]}
+            for p, param in zip(check.problems, check.params, strict=True)
+        ][: self._max_errors]
 
 
 def requests_of(
@@ -192,9 +264,7 @@ def new_batch(
 ) -> NewBatch:
     window_s = window_seconds(body.completion_window)
     if window_s > api.max_ttl_s:
-        raise InvalidCompletionWindow(
-            f"completion_window is over the limit of {api.max_ttl_s:g} s"
-        )
+        raise InvalidCompletionWindow(f"completion_window is over the limit of {api.max_ttl_s:g} s")
     if body.callback_url is not None:
         check_callback_url(body.callback_url)
     return NewBatch(

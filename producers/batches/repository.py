@@ -27,7 +27,7 @@ _TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
 
 # One chunk of a batch's jobs, held: the meter releases them into the dispatch topic
 # (producers/batches/meter.py).
-_INSERT_JOBS = text(
+INSERT_JOBS = text(
     """
 INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline,
                   batch_id, custom_id, params, held)
@@ -94,7 +94,7 @@ class BatchStore:
             held = await held_by_tenant(conn)
             total = 0
             async for chunk in chunks:
-                await conn.execute(_INSERT_JOBS, _job_params(new, batch_id, chunk))
+                await conn.execute(INSERT_JOBS, job_params(new, batch_id, chunk))
                 total += len(chunk)
             admit(total, held)
             await conn.execute(
@@ -104,8 +104,23 @@ class BatchStore:
             )
             return await self._view(conn, new.tenant, batch_id), True
 
+    async def create_validating(
+        self, new: NewBatch, *, lines: int, admit: Admit
+    ) -> tuple[BatchView, bool]:
+        """Store a batch of an uploaded file ``validating``, without its jobs: the lifecycle
+        checks its lines and makes them (``producers.batches.lifecycle``). ``lines``: the
+        file's, as many jobs as it may hold, for admission. A replay answers the first."""
+        async with self._engine.begin() as conn:
+            batch_id = await self._insert_batch(conn, new, status="validating", total=lines)
+            if batch_id is None:
+                return await self._replay(conn, new), False
+            admit(lines, await held_by_tenant(conn))
+            return await self._view(conn, new.tenant, batch_id), True
+
     @staticmethod
-    async def _insert_batch(conn: AsyncConnection, new: NewBatch) -> str | None:
+    async def _insert_batch(
+        conn: AsyncConnection, new: NewBatch, *, status: str = "in_progress", total: int = 1
+    ) -> str | None:
         """The batch's row (its endpoint and total are set once its jobs are written); None
         for an idempotent replay."""
         made = await conn.execute(
@@ -113,13 +128,15 @@ class BatchStore:
             .values(
                 id=new_job_id(),
                 tenant=new.tenant,
-                status="in_progress",
+                status=status,
+                priority=new.priority.value,
+                in_progress_at=func.now() if status == "in_progress" else None,
                 endpoint=new.endpoint or "",
                 completion_window=new.completion_window,
                 deadline=new.deadline,
                 callback_url=new.callback_url,
                 metadata=new.metadata,
-                total=1,  # provisional (total > 0 is checked at once): set before commit
+                total=total,  # provisional: set once the jobs are written
                 idempotency_key=new.idempotency_key,
                 request_hash=new.request_hash,
                 input_file_id=new.input_file_id,
@@ -158,8 +175,8 @@ class BatchStore:
 
     async def _view(self, conn: AsyncConnection, tenant: str, batch_id: str) -> BatchView:
         row = await _batch(conn, tenant, batch_id)
-        counts, ended_at = await _counts(conn, batch_id)
-        return batch_view(row, counts, ended_at)
+        counts, _ = await batch_counts(conn, batch_id)
+        return batch_view(row, counts)
 
     async def page(
         self, tenant: str, *, after: str | None, limit: int
@@ -176,7 +193,7 @@ class BatchStore:
             )
             page = rows[:limit]
             counts = await _counts_of(conn, [str(r["id"]) for r in page])
-            views = [batch_view(r, *counts[str(r["id"])]) for r in page]
+            views = [batch_view(r, counts[str(r["id"])][0]) for r in page]
         return views, len(rows) > limit
 
     async def endpoint(self, tenant: str, batch_id: str) -> str:
@@ -200,13 +217,23 @@ class BatchStore:
 
     async def cancel(self, tenant: str, batch_id: str) -> BatchView:
         """Cancel every job of the batch that has not ended (running ones are aborted by
-        their workers, told by the same NOTIFY as a single cancel); 409 once it is done."""
+        their workers, told by the same NOTIFY as a single cancel); 409 once it is done. A
+        batch still ``validating`` is ``cancelled`` at once, its lines never made jobs."""
         now = datetime.now(UTC)
         async with self._engine.begin() as conn:
             row = await _batch(conn, tenant, batch_id, lock=True)
-            counts, _ = await _counts(conn, batch_id)
+            if row["status"] == "validating":
+                await conn.execute(
+                    update(batches)
+                    .where(batches.c.id == batch_id)
+                    .values(status="cancelled", cancelled_at=now, finished_at=now, total=0)
+                )
+                return await self._view(conn, tenant, batch_id)
+            counts, _ = await batch_counts(conn, batch_id)
             status = batch_status(row["cancelled_at"], counts, row["total"])
-            if status in ("completed", "expired"):
+            if row["status"] in ("completed", "expired", "failed", "finalizing"):
+                status = row["status"]
+            if status in ("completed", "expired", "failed", "finalizing"):
                 raise BatchTerminal(f"batch {batch_id} has already {status}")
             if row["cancelled_at"] is None:
                 await conn.execute(
@@ -226,7 +253,7 @@ class BatchStore:
             return await self._view(conn, tenant, batch_id)
 
 
-def _job_params(new: NewBatch, batch_id: str, chunk: Sequence[BatchRequest]) -> dict[str, Any]:
+def job_params(new: NewBatch, batch_id: str, chunk: Sequence[BatchRequest]) -> dict[str, Any]:
     return {
         "tenant": new.tenant,
         "priority": new.priority.value,
@@ -261,7 +288,9 @@ async def _batch(
     return row
 
 
-async def _counts(conn: AsyncConnection, batch_id: str) -> tuple[dict[str, int], datetime | None]:
+async def batch_counts(
+    conn: AsyncConnection, batch_id: str
+) -> tuple[dict[str, int], datetime | None]:
     """The batch's jobs by state, and when the last of them ended."""
     return (await _counts_of(conn, [batch_id]))[batch_id]
 

@@ -1,6 +1,6 @@
-"""An upload's lines, checked as its chunks arrive: a ``purpose=batch`` file must be OpenAI
-Batch input (one request line per non-blank line, ``custom_id`` unique, one ``url``), no
-larger than its limits. Pure: no I/O."""
+"""An upload's size and lines, counted as its chunks arrive (``UploadCheck``), and the
+pieces a batch's validation reads a stored file's lines with: the line splitter, a line's
+JSON value, what a batch's lines keep together. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas.batches import MAX_ERRORS_SHOWN, InvalidJsonl, RequestLine, line_job
+from schemas.batches import InvalidJsonl, RequestLine
 from schemas.errors import PayloadTooLarge
-from schemas.files import InvalidBatchLine
 
 # A line is held whole while it is checked: the longest one a file may have.
 MAX_LINE_BYTES = 16 * 1_048_576
@@ -101,75 +100,43 @@ class SameBatch:
         return None
 
 
-class BatchFileCheck:
-    """Feed it an upload's chunks in order, then ``finish()``: it raises at the first chunk
-    over ``max_bytes`` (PayloadTooLarge), at a line that is not JSON (InvalidJsonl), past
-    ``max_lines`` request lines (PayloadTooLarge), and, once ``MAX_ERRORS_SHOWN`` lines
-    are bad or at the end, InvalidBatchLine listing the bad lines by number."""
+class UploadCheck:
+    """Feed it an upload's chunks in order, then ``finish()``: it counts the request lines
+    (the non-blank ones) without holding any, and raises PayloadTooLarge at the first chunk
+    over ``max_bytes`` or at the line past ``max_lines``. What the lines say is checked in
+    the batch made from the file (``validating``), as OpenAI's Batch API does."""
 
     def __init__(self, *, max_bytes: int, max_lines: int) -> None:
         self.max_bytes = max_bytes
         self.max_lines = max_lines
         self.bytes = 0
         self.lines = 0  # request lines: the non-blank ones
-        self._splitter = LineSplitter()
-        self._problems: list[dict[str, Any]] = []
-        self._together = SameBatch()
+        self._number = 0  # lines, blank ones too
+        self._content = False  # whether the line being read holds more than whitespace
 
     def feed(self, chunk: bytes) -> None:
         self.bytes += len(chunk)
         if self.bytes > self.max_bytes:
             raise PayloadTooLarge(f"a file holds at most {self.max_bytes} bytes")
-        for number, line in self._splitter.feed(chunk):
-            self._line(number, line)
+        *ended, rest = chunk.split(b"\n")
+        for piece in ended:
+            self._content = self._content or bool(piece.strip())
+            self._end_line()
+        self._content = self._content or bool(rest.strip())
 
     def finish(self) -> int:
-        """The number of request lines of a good file."""
-        for number, line in self._splitter.end():
-            self._line(number, line)
-        if not self.lines:
-            raise InvalidBatchLine("the file holds no request lines; nothing was stored")
-        self._raise_problems()
+        """The number of request lines."""
+        if self._content:
+            self._end_line()
         return self.lines
 
-    def _line(self, number: int, line: bytes) -> None:
-        if not line.strip():
-            return
-        self.lines += 1
-        if self.lines > self.max_lines:
-            raise PayloadTooLarge(
-                f"a file holds at most {self.max_lines} request lines; line {number} is past it"
-            )
-        value = json_line(number, line)
-        problem = self._problem(value)
-        if problem is not None:
-            custom_id = value.get("custom_id") if isinstance(value, dict) else None
-            code, message = problem
-            self._problems.append(
-                {"line": number, "custom_id": custom_id, "code": code, "message": message}
-            )
-            if len(self._problems) >= MAX_ERRORS_SHOWN:
-                self._raise_problems()
-
-    def _problem(self, value: Any) -> tuple[str, str] | None:
-        """What is wrong with a request line: (code, message), as in a batch's refusal."""
-        try:
-            request = RequestLine.model_validate(value)
-            line_job(request)
-        except ValidationError as exc:
-            return "invalid_request", validation_message(exc)
-        except ValueError as exc:
-            return "invalid_request", str(exc)
-        return self._together.problem(request)
-
-    def _raise_problems(self) -> None:
-        if not self._problems:
-            return
-        first = self._problems[0]
-        more = len(self._problems) - 1
-        also = f" (and {more} more line{'s' if more > 1 else ''})" if more else ""
-        raise InvalidBatchLine(
-            f"line {first['line']} is not a batch request line: {first['message']}{also}; "
-            "nothing was stored",
-            details=self._problems,
-        )
+    def _end_line(self) -> None:
+        self._number += 1
+        if self._content:
+            self.lines += 1
+            if self.lines > self.max_lines:
+                raise PayloadTooLarge(
+                    f"a file holds at most {self.max_lines} request lines; line {self._number} "
+                    "is past it"
+                )
+        self._content = False

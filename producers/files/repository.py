@@ -31,22 +31,41 @@ class FileStore:
     ) -> FileObject:
         """Store a file whose content is ``chunks``, in one transaction: when the chunks
         raise (a check failed), nothing is stored."""
-        file_id = new_file_id()
         async with self._engine.begin() as conn:
-            await conn.execute(
-                insert(files).values(
-                    id=file_id, tenant=tenant, filename=filename, purpose=purpose, bytes=0, lines=0
-                )
+            made = await self.create_in(conn, new_file_id(), tenant, filename, purpose, chunks)
+        assert made is not None
+        return made
+
+    async def create_in(
+        self,
+        conn: AsyncConnection,
+        file_id: str,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        chunks: AsyncIterable[bytes],
+        *,
+        keep_empty: bool = True,
+    ) -> FileObject | None:
+        """Store file ``file_id`` in the caller's transaction (a batch's result file is
+        written with its batch's end); None when it is empty and not ``keep_empty``."""
+        await conn.execute(
+            insert(files).values(
+                id=file_id, tenant=tenant, filename=filename, purpose=purpose, bytes=0, lines=0
             )
-            size, lines = await self._write_parts(conn, file_id, chunks)
-            row = (
-                await conn.execute(
-                    update(files)
-                    .where(files.c.id == file_id)
-                    .values(bytes=size, lines=lines)
-                    .returning(*files.c)
-                )
-            ).one()
+        )
+        size, lines = await self._write_parts(conn, file_id, chunks)
+        if size == 0 and not keep_empty:
+            await conn.execute(delete(files).where(files.c.id == file_id))
+            return None
+        row = (
+            await conn.execute(
+                update(files)
+                .where(files.c.id == file_id)
+                .values(bytes=size, lines=lines)
+                .returning(*files.c)
+            )
+        ).one()
         return file_from_row(row._mapping)
 
     async def _write_parts(
@@ -75,6 +94,12 @@ class FileStore:
         async with self._engine.connect() as conn:
             row = await self._row(conn, tenant, file_id)
         return file_from_row(row._mapping)
+
+    async def with_lines(self, tenant: str, file_id: str) -> tuple[FileObject, int]:
+        """The file and its number of lines (blank ones too)."""
+        async with self._engine.connect() as conn:
+            row = await self._row(conn, tenant, file_id)
+        return file_from_row(row._mapping), int(row.lines)
 
     async def _row(self, conn: AsyncConnection, tenant: str, file_id: str) -> Row[Any]:
         row = (

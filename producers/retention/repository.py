@@ -12,8 +12,17 @@ from sqlalchemy import Table, delete, exists, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.selectable import ScalarSelect
 
+from schemas.batch_output import result_file_id
 from schemas.states import TERMINAL_STATES
-from schemas.tables import batches, dead_letters, jobs, outbox, webhook_attempts, webhook_deliveries
+from schemas.tables import (
+    batches,
+    dead_letters,
+    files,
+    jobs,
+    outbox,
+    webhook_attempts,
+    webhook_deliveries,
+)
 
 _TERMINAL = [s.value for s in TERMINAL_STATES]
 _ENDED_DELIVERIES = ["delivered", "dead"]
@@ -84,6 +93,9 @@ class RetentionStore:
         async with self._engine.begin() as conn:
             left = exists().where(jobs.c.batch_id == batch_id)
             result = await conn.execute(delete(batches).where(batches.c.id == batch_id, ~left))
+            if result.rowcount:  # its output and error files go with it
+                named = [result_file_id(batch_id, "output"), result_file_id(batch_id, "error")]
+                await conn.execute(delete(files).where(files.c.id.in_(named)))
             return int(result.rowcount)
 
     async def deliveries(self, cutoff: datetime, limit: int) -> int:

@@ -225,8 +225,14 @@ async def test_results_follow_submission_order_up_to_the_first_unfinished(
     assert [x["custom_id"] for x in rest] == ["r1", "r2"]
 
     view = (await api.post(f"/v1/batches/{batch['id']}/cancel", headers=TENANT)).json()
-    assert view["status"] == "cancelled"  # r3 was the last one running
+    # r3 was the last one running: cancelling, then cancelled once its files are written
+    # (issue 31: the cancel answered cancelled at once, with no finalizing step).
+    assert view["status"] == "cancelling"
     assert view["counts"] == {"succeeded": 3, "cancelled": 1}
+    view = await until_status(api, batch["id"], "cancelled")
+    assert view["cancelling_at"] <= view["finalizing_at"] <= view["cancelled_at"]
+    assert view["output_file_id"] == f"file-{batch['id']}-output"
+    assert view["error_file_id"] == f"file-{batch['id']}-error"
     assert view["request_counts"] == {"total": 4, "completed": 3, "failed": 1}
     everything = await results(api, batch["id"])
     assert [x["custom_id"] for x in everything] == ["r0", "r1", "r2", "r3"]
@@ -243,7 +249,10 @@ async def test_cancel_ends_every_unfinished_job_with_its_event(
     r = await api.post(f"/v1/batches/{batch['id']}/cancel", headers=TENANT)
     assert r.status_code == 200
     assert r.json()["counts"] == {"succeeded": 1, "cancelled": 2}
-    assert r.json()["cancelled_at"] is not None
+    assert (r.json()["status"], r.json()["cancelled_at"]) == ("cancelling", None)
+    assert r.json()["cancelling_at"] is not None
+    ended = await until_status(api, batch["id"], "cancelled")
+    assert ended["cancelled_at"] is not None
     async with db.connect() as conn:
         events = await conn.scalar(
             select(func.count()).select_from(outbox).where(outbox.c.topic.like("%events%"))
@@ -295,42 +304,66 @@ async def test_the_list_pages_as_openai_lists_do(api: httpx.AsyncClient) -> None
     assert seen == made[::-1]
 
 
+async def until_status(
+    api: httpx.AsyncClient, batch_id: str, *statuses: str, within_s: float = 15.0
+) -> dict[str, Any]:
+    async with asyncio.timeout(within_s):
+        while (batch := (await api.get(f"/v1/batches/{batch_id}", headers=TENANT)).json())[
+            "status"
+        ] not in statuses:
+            await asyncio.sleep(0.05)
+    found: dict[str, Any] = batch
+    return found
+
+
+async def upload(api: httpx.AsyncClient, data: bytes) -> str:
+    r = await api.post(
+        "/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"}, headers=TENANT
+    )
+    assert r.status_code == 201, r.text
+    file_id: str = r.json()["id"]
+    return file_id
+
+
 async def test_a_batch_from_an_uploaded_file_saved_with_a_byte_order_mark(
     api: httpx.AsyncClient,
 ) -> None:
     data = b"\xef\xbb\xbf" + jsonl([chat("a"), chat("b")]).replace(b"\n", b"\r\n")
-    upload = await api.post(
-        "/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"}, headers=TENANT
-    )
-    assert upload.status_code == 201, upload.text
-    file_id = upload.json()["id"]
+    file_id = await upload(api, data)
     body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "1h"}
     made = await api.post("/v1/batches", json=body, headers=TENANT)
     assert made.status_code == 201, made.text
-    assert (made.json()["input_file_id"], made.json()["request_counts"]["total"]) == (file_id, 2)
+    assert (made.json()["input_file_id"], made.json()["status"]) == (file_id, "validating")
+    going = await until_status(api, made.json()["id"], "in_progress", "failed")
+    assert (going["status"], going["request_counts"]["total"]) == ("in_progress", 2), going
+    assert going["in_progress_at"] >= going["created_at"]
+    # Issue 31 changes the requirement: a file's lines are checked in the batch (OpenAI's
+    # validating -> failed), no longer refused at create (422 invalid_batch).
     wrong = await api.post(
         "/v1/batches", json={**body, "endpoint": "/v1/completions"}, headers=TENANT
     )
-    assert (wrong.status_code, wrong.json()["error"]["code"]) == (422, "invalid_batch")
+    assert wrong.status_code == 201, wrong.text
+    failed = await until_status(api, wrong.json()["id"], "failed", "in_progress")
+    assert failed["status"] == "failed"
+    assert failed["failed_at"] is not None
+    assert [(e["line"], e["code"]) for e in failed["errors"]["data"]] == [
+        (1, "mixed_urls"),
+        (2, "mixed_urls"),
+    ]
     raw = await api.post(
         "/v1/batches?completion_window=1h",
         content=data,
         headers={**TENANT, "Content-Type": "application/jsonl"},
     )
     assert raw.status_code == 201, raw.text
+    assert raw.json()["status"] == "in_progress"  # a batch sent whole is checked at once
 
 
 async def test_a_batch_from_a_file_is_written_a_chunk_at_a_time_or_not_at_all(
     api: httpx.AsyncClient, db: AsyncEngine
 ) -> None:
     lines = [chat(f"r{i}") for i in range(2_500)]
-    upload = await api.post(
-        "/v1/files",
-        files={"file": ("in.jsonl", jsonl(lines))},
-        data={"purpose": "batch"},
-        headers=TENANT,
-    )
-    file_id = upload.json()["id"]
+    file_id = await upload(api, jsonl(lines))
     writes: list[str] = []
 
     def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
@@ -342,30 +375,61 @@ async def test_a_batch_from_a_file_is_written_a_chunk_at_a_time_or_not_at_all(
     event.listen(db.sync_engine, "before_cursor_execute", seen)
     try:
         made = await api.post("/v1/batches", json=body, headers=key)
+        assert made.status_code == 201, made.text
+        going = await until_status(api, made.json()["id"], "in_progress", "failed")
     finally:
         event.remove(db.sync_engine, "before_cursor_execute", seen)
-    assert made.status_code == 201, made.text
-    assert made.json()["request_counts"]["total"] == 2_500
+    assert going["request_counts"]["total"] == 2_500
     assert len(writes) == 3  # 1,000 + 1,000 + 500 lines: never the whole file at once
     again = await api.post("/v1/batches", json=body, headers=key)
     assert (again.status_code, again.json()["id"]) == (200, made.json()["id"])
 
-    # A line the upload takes but a batch refuses (a model not served), in the last chunk:
-    # the chunks already written are rolled back, and the line is named.
+    # A line the upload takes but a batch refuses (a model not served), in the last chunk,
+    # and a line that is not JSON: the chunks already written are rolled back, the batch
+    # fails and names the lines (issue 31: was 422 invalid_batch at create).
     unknown = chat("last")
     unknown["body"]["model"] = "no-such-model"
-    other = await api.post(
-        "/v1/files",
-        files={"file": ("in.jsonl", jsonl([*lines[:2_400], unknown]))},
-        data={"purpose": "batch"},
-        headers=TENANT,
-    )
-    assert other.status_code == 201, other.text
-    refused = await api.post(
-        "/v1/batches", json={**body, "input_file_id": other.json()["id"]}, headers=TENANT
-    )
-    assert refused.status_code == 422, refused.text
-    assert refused.json()["error"]["details"][0]["line"] == 2_401
-    assert refused.json()["error"]["details"][0]["code"] == "model_not_found"
+    other = await upload(api, jsonl([*lines[:2_400], unknown]) + b"{oops\n")
+    refused = await api.post("/v1/batches", json={**body, "input_file_id": other}, headers=TENANT)
+    assert refused.status_code == 201, refused.text
+    failed = await until_status(api, refused.json()["id"], "failed", "in_progress")
+    assert failed["status"] == "failed", failed
+    assert [(e["line"], e["code"], e["param"]) for e in failed["errors"]["data"]] == [
+        (2_401, "model_not_found", "body.model"),
+        (2_402, "invalid_json_line", None),
+    ]
+    assert failed["request_counts"]["total"] == 0
     assert await count(db, jobs) == 2_500
-    assert await count(db, batches) == 1
+    assert await count(db, batches) == 2
+
+
+async def test_a_batch_left_validating_is_taken_up_by_the_next_api(
+    settings: Settings, db: AsyncEngine
+) -> None:
+    """An API that stored a batch and stopped before checking it: the next one does."""
+    from producers.batches.repository import BatchStore, NewBatch
+    from schemas.jobs import Priority
+
+    async with serve(settings, db) as first:
+        file_id = await upload(first, jsonl([chat("a"), chat("b"), chat("c")]))
+    new = NewBatch(
+        tenant="acme",
+        endpoint=None,
+        completion_window="1h",
+        deadline=datetime.now(UTC).replace(year=2100),
+        priority=Priority.NORMAL,
+        callback_url=None,
+        metadata=None,
+        idempotency_key=None,
+        request_hash=None,
+        input_file_id=file_id,
+    )
+    store = BatchStore(db, events_topic=settings.events_topic)
+    view, _ = await store.create_validating(new, lines=3, admit=lambda jobs, held: None)
+    assert view.status == "validating"
+    assert await count(db, jobs) == 0
+    async with serve(settings, db) as second:
+        going = await until_status(second, view.id, "in_progress", "failed")
+    assert (going["status"], going["request_counts"]["total"]) == ("in_progress", 3)
+    assert going["endpoint"] == "/v1/chat/completions"
+    assert await count(db, jobs) == 3

@@ -157,24 +157,39 @@ async def test_pages_order_and_purpose(api: httpx.AsyncClient) -> None:
     assert r.status_code == 422
 
 
-async def test_a_bad_line_is_named_and_nothing_is_stored(
+async def test_any_jsonl_is_taken_and_its_batch_names_the_bad_lines(
     api: httpx.AsyncClient, db: AsyncEngine
 ) -> None:
-    bad = {**line("c"), "method": "GET"}
-    r = await upload(api, jsonl(line("a"), line("b"), bad, line("a")))
-    assert r.status_code == 400
-    error = r.json()["error"]
-    assert error["code"] == "invalid_batch_line"
-    assert error["message"].startswith("line 3 ")
-    assert [(p["line"], p["code"]) for p in error["details"]] == [
+    # Issue 31 changes the requirement: OpenAI takes any JSONL with purpose batch and the
+    # batch fails with errors.data; the upload used to be 400 invalid_batch_line.
+    def served(custom_id: str) -> dict[str, Any]:
+        made = line(custom_id)
+        made["body"]["model"] = "sim"
+        return made
+
+    bad = {**served("c"), "method": "GET"}
+    r = await upload(api, jsonl(served("a"), line("b"), bad, served("a")) + b"{oops\n")
+    assert r.status_code == 201, r.text
+    assert await stored(db) == (1, 1)
+    made = await api.post(
+        "/v1/batches",
+        json={"input_file_id": r.json()["id"], "endpoint": "/v1/chat/completions"},
+        headers=ACME,
+    )
+    assert (made.status_code, made.json()["status"]) == (201, "validating")
+    async with asyncio.timeout(15):
+        while (batch := (await api.get(f"/v1/batches/{made.json()['id']}", headers=ACME)).json())[
+            "status"
+        ] == "validating":
+            await asyncio.sleep(0.05)
+    assert batch["status"] == "failed"
+    assert [(e["line"], e["code"]) for e in batch["errors"]["data"]] == [
+        (2, "model_not_found"),
         (3, "invalid_request"),
         (4, "duplicate_custom_id"),
+        (5, "invalid_json_line"),
     ]
-    r = await upload(api, jsonl(line("a")) + b"\n{oops\n")
-    assert r.status_code == 400
-    assert r.json()["error"]["code"] == "invalid_jsonl"
-    assert "line 3" in r.json()["error"]["message"]
-    assert await stored(db) == (0, 0)
+    assert batch["errors"]["object"] == "list"
 
 
 @pytest.mark.parametrize("purpose", ["fine-tune", "batch_output", "assistants"])

@@ -7,17 +7,14 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
+from schemas.batch_output import in_part, result_file_id, result_line
 from schemas.batches import (
     CreateBatch,
     InvalidCompletionWindow,
     RequestLine,
     batch_status,
     batch_view,
-    in_part,
     line_job,
-    result_file,
-    result_file_id,
-    result_line,
     window_seconds,
 )
 from schemas.jobs import Job, JobKind, Priority
@@ -127,16 +124,27 @@ def test_output_lines() -> None:
     body = ok["response"]["body"]
     assert body["object"] == "text_completion"
     assert body["choices"] == [{"index": 0, "text": "Short.", "finish_reason": "length"}]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
     assert ok["sluicegate"] == {
         "job_id": "0195",
         "state": "succeeded",
         "finished_at": AT.isoformat(),
         "decoded_tokens": 5,
+        "reason": None,
     }
+    # Issue 31 changes the requirement: an expired line carries OpenAI's batch_expired (was
+    # Sluicegate's deadline_passed, which the message and sluicegate.reason still give).
     stop = {"code": "deadline_passed", "reason": "deadline_passed", "message": "too late"}
     late = result_line("/v1/completions", job(JobState.EXPIRED, error=stop))
     assert late["response"] is None
-    assert late["error"] == {"code": "deadline_passed", "message": "too late"}
+    assert late["error"]["code"] == "batch_expired"
+    assert "deadline_passed: too late" in late["error"]["message"]
+    assert late["sluicegate"]["reason"] == "deadline_passed"
+    failed = {"code": "request_too_large", "message": "too long"}
+    refused = result_line("/v1/completions", job(JobState.FAILED, error=failed))
+    assert refused["error"] == {"code": "request_too_large", "message": "too long"}
+    jobs_line = result_line("/v1/jobs", job(JobState.SUCCEEDED, result=result))
+    assert jobs_line["response"]["body"]["usage"]["total_tokens"] == 8
 
 
 BATCH = "0195a3c2-7d4e-7f00-8a1b-2c3d4e5f6a7b"
@@ -155,31 +163,48 @@ def batch_row(**extra: object) -> dict[str, object]:
         "created_at": AT,
         "cancelled_at": None,
         "input_file_id": "file-abc",
+        "status": "in_progress",
+        "errors": None,
+        "in_progress_at": None,
+        "finalizing_at": None,
+        "finished_at": None,
+        "output_file_id": None,
+        "error_file_id": None,
         **extra,
     }
 
 
 def test_result_files_are_split_as_openai_splits_them() -> None:
-    assert result_file(result_file_id(BATCH, "output")) == (BATCH, "output")
-    assert result_file(result_file_id(BATCH, "error")) == (BATCH, "error")
-    for other in ("file-abc", f"file-{BATCH}-outputs", f"{BATCH}-output", "file--output"):
-        assert result_file(other) is None
+    assert result_file_id(BATCH, "output") == f"file-{BATCH}-output"
     ok, late = job(JobState.SUCCEEDED), job(JobState.EXPIRED)
     assert [in_part(ok, p) for p in ("output", "error", None)] == [True, False, True]
     assert [in_part(late, p) for p in ("output", "error", None)] == [False, True, True]
 
 
-def test_the_batch_names_its_files_once_it_has_ended() -> None:
-    running = batch_view(batch_row(), {"succeeded": 1, "queued": 2}, None)
-    assert running.input_file_id == "file-abc"
-    assert (running.output_file_id, running.error_file_id) == (None, None)
-    mixed = batch_view(batch_row(), {"succeeded": 2, "failed": 1}, AT)
-    assert mixed.output_file_id == f"file-{BATCH}-output"
-    assert mixed.error_file_id == f"file-{BATCH}-error"
-    clean = batch_view(batch_row(), {"succeeded": 3}, AT)
-    assert (clean.output_file_id, clean.error_file_id) == (f"file-{BATCH}-output", None)
-    lost = batch_view(batch_row(), {"expired": 3}, AT)
-    assert (lost.output_file_id, lost.error_file_id) == (None, f"file-{BATCH}-error")
+def test_the_batch_shows_its_stored_status_times_and_files() -> None:
+    checking = batch_view(batch_row(status="validating", total=5), {})
+    assert (checking.status, checking.in_progress_at, checking.errors) == ("validating", None, None)
+    errors = [{"code": "model_not_found", "message": "no", "param": "body.model", "line": 2}]
+    failed = batch_view(batch_row(status="failed", errors=errors, finished_at=AT, total=0), {})
+    assert failed.status == "failed"
+    assert failed.failed_at == int(AT.timestamp())
+    assert failed.errors is not None
+    assert failed.errors.model_dump() == {"object": "list", "data": errors}
+    running = batch_view(batch_row(in_progress_at=AT), {"succeeded": 1, "queued": 2})
+    assert running.in_progress_at == int(AT.timestamp())
+    assert (running.output_file_id, running.error_file_id, running.completed_at) == (None,) * 3
+    ended = batch_view(
+        batch_row(
+            status="completed",
+            finalizing_at=AT,
+            finished_at=AT,
+            output_file_id=f"file-{BATCH}-output",
+        ),
+        {"succeeded": 3},
+    )
+    assert (ended.finalizing_at, ended.completed_at) == (int(AT.timestamp()),) * 2
+    assert (ended.output_file_id, ended.error_file_id) == (f"file-{BATCH}-output", None)
+    assert ended.request_counts.model_dump() == {"total": 3, "completed": 3, "failed": 0}
 
 
 def test_a_batch_is_its_lines_or_a_file_of_them() -> None:

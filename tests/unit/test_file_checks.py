@@ -1,5 +1,10 @@
-"""An upload's lines checked as its chunks arrive: splitting across chunks, OpenAI Batch
-request lines, the bad lines named by number, and the size and line limits."""
+"""An upload counted as its chunks arrive (any JSONL is taken, up to the size and line
+limits), and its lines checked in its batch (``validating``): splitting across chunks,
+OpenAI Batch request lines, the bad lines named by number as OpenAI's errors.data.
+
+Issue 31 changes the requirement: a bad line used to refuse the upload (400
+invalid_batch_line / invalid_jsonl); now the upload is taken and the same rules fail the
+batch made from it, so the rule tests below check the batch's validation."""
 
 from __future__ import annotations
 
@@ -9,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from producers.files.checks import BatchFileCheck, LineSplitter, json_line
-from schemas.batches import MAX_ERRORS_SHOWN, InvalidJsonl
+from plumbing.settings import Settings
+from producers.batches.input import FileValidation, RequestChecker
+from producers.files.checks import LineSplitter, UploadCheck, json_line
+from schemas.batches import InvalidJsonl
 from schemas.errors import PayloadTooLarge
-from schemas.files import InvalidBatchLine
 
 
 def request(custom_id: str, url: str = "/v1/chat/completions") -> dict[str, Any]:
@@ -27,10 +33,24 @@ def jsonl(*values: object) -> bytes:
 
 
 def check(data: bytes, *, chunk: int = 7, max_bytes: int = 10**9, max_lines: int = 100) -> int:
-    checker = BatchFileCheck(max_bytes=max_bytes, max_lines=max_lines)
+    checker = UploadCheck(max_bytes=max_bytes, max_lines=max_lines)
     for start in range(0, len(data), chunk):
         checker.feed(data[start : start + chunk])
     return checker.finish()
+
+
+def validate(
+    data: bytes, *, max_errors: int = 1000, models: tuple[str, ...] = ("m",), max_lines: int = 100
+) -> tuple[list[dict[str, Any]], int]:
+    """A batch's validation of a stored file: its errors.data and the requests it made."""
+    api = Settings(models=list(models), max_batch_requests=max_lines).api
+    validation = FileValidation(RequestChecker(api), max_errors=max_errors)
+    splitter = LineSplitter()
+    made = 0
+    for number, line in [*splitter.feed(data), *splitter.end()]:
+        if line.strip() and not validation.done:
+            made += validation.feed(number, line) is not None
+    return validation.errors(), made
 
 
 def test_the_splitter_numbers_lines_across_chunks() -> None:
@@ -54,26 +74,41 @@ def test_a_good_file_counts_its_request_lines(chunk: int) -> None:
     assert check(data, chunk=chunk) == 3
 
 
+def test_any_jsonl_is_taken_at_upload() -> None:
+    data = jsonl(request("a"), request("a")) + b"{not json\n" + b'{"custom_id": "\xff"}\n'
+    assert check(data) == 4
+    assert check(data.decode("latin-1").encode("utf-16")) >= 1  # counted, checked later
+
+
 def test_a_line_that_is_not_json_is_named() -> None:
-    data = jsonl(request("a")) + b"{not json\n" + jsonl(request("c"))
-    with pytest.raises(InvalidJsonl, match="line 2 is not JSON") as caught:
-        check(data)
-    assert caught.value.details == [{"line": 2}]
+    errors, made = validate(jsonl(request("a")) + b"{not json\n" + jsonl(request("c")))
+    assert errors == [
+        {
+            "code": "invalid_json_line",
+            "message": "line 2 is not JSON: Expecting property name enclosed in double quotes",
+            "param": None,
+            "line": 2,
+        }
+    ]
+    assert made == 1  # the lines before it; none is kept once a line is bad
+    with pytest.raises(InvalidJsonl, match="line 2 is not JSON"):
+        json_line(2, b"{not json")
 
 
 def test_a_line_that_is_not_utf8_is_named() -> None:
-    with pytest.raises(InvalidJsonl, match="line 1 is not UTF-8"):
-        check(b'{"custom_id": "\xff"}\n')
+    errors, _ = validate(b'{"custom_id": "\xff"}\n')
+    assert errors[0]["line"] == 1
+    assert "line 1 is not UTF-8" in errors[0]["message"]
 
 
 def test_a_file_saved_with_a_byte_order_mark() -> None:
     data = jsonl(request("a"), request("b"))
-    assert check(codecs.BOM_UTF8 + data) == 2  # UTF-8's, as Windows tools write it
+    assert validate(codecs.BOM_UTF8 + data) == ([], 2)  # UTF-8's, as Windows tools write it
     assert json_line(1, codecs.BOM_UTF8 + b'{"a": 1}') == {"a": 1}
     with pytest.raises(InvalidJsonl, match="line 2 is not JSON"):
         json_line(2, codecs.BOM_UTF8 + b'{"a": 1}')  # only a file's first line starts so
-    with pytest.raises(InvalidJsonl, match="line 1 is UTF-16, not UTF-8: save it as UTF-8"):
-        check(data.decode().encode("utf-16"))
+    errors, _ = validate(data.decode().encode("utf-16"))
+    assert "line 1 is UTF-16, not UTF-8: save it as UTF-8" in errors[0]["message"]
 
 
 def test_bad_request_lines_are_listed_by_number() -> None:
@@ -84,41 +119,54 @@ def test_bad_request_lines_are_listed_by_number() -> None:
         request("d", url="/v1/completions"),
         {**request("e"), "url": "/v1/embeddings"},
         [1, 2],
+        {**request("g"), "body": {"model": "nope", "messages": [{"role": "u", "content": "x"}]}},
+        {"method": "POST", "url": "/v1/chat/completions", "body": {}},
     )
-    with pytest.raises(InvalidBatchLine, match=r"^line 2 is not a batch request line") as caught:
-        check(data)
-    problems = caught.value.details
-    assert isinstance(problems, list)
-    assert [(p["line"], p["code"]) for p in problems] == [
-        (2, "invalid_request"),
-        (3, "duplicate_custom_id"),
-        (4, "mixed_urls"),
-        (5, "invalid_request"),
-        (6, "invalid_request"),
+    errors, _ = validate(data)
+    assert [(e["line"], e["code"], e["param"]) for e in errors] == [
+        (2, "invalid_request", "method"),
+        (3, "duplicate_custom_id", "custom_id"),
+        (4, "mixed_urls", "url"),
+        (5, "invalid_request", "url"),
+        (6, "invalid_request", ""),
+        (7, "model_not_found", "body.model"),
+        (8, "invalid_request", "custom_id"),
     ]
-    assert problems[1]["custom_id"] == "a"
-    assert "and 4 more lines" in str(caught.value)
+    assert "`nope` does not exist" in errors[5]["message"]
 
 
-def test_a_body_that_does_not_fit_its_url_is_refused() -> None:
+def test_a_body_that_does_not_fit_its_url_is_named() -> None:
     bad = {**request("a"), "body": {"model": "m"}}  # a chat line without messages
-    with pytest.raises(InvalidBatchLine, match=r"line 1 .*messages"):
-        check(jsonl(bad))
+    errors, made = validate(jsonl(bad))
+    assert (errors[0]["line"], errors[0]["code"], made) == (1, "invalid_request", 0)
+    assert "messages" in errors[0]["message"]
 
 
-def test_the_check_stops_once_enough_lines_are_bad() -> None:
-    checker = BatchFileCheck(max_bytes=10**9, max_lines=10**6)
-    data = jsonl(*({"custom_id": f"r{i}"} for i in range(MAX_ERRORS_SHOWN + 5)))
-    with pytest.raises(InvalidBatchLine) as caught:
-        checker.feed(data)
-    assert isinstance(caught.value.details, list)
-    assert len(caught.value.details) == MAX_ERRORS_SHOWN
-    assert checker.lines == MAX_ERRORS_SHOWN
+def test_the_errors_are_capped() -> None:
+    errors, _ = validate(jsonl(*({"custom_id": f"r{i}"} for i in range(30))), max_errors=20)
+    assert len(errors) == 20
+    assert errors[-1]["line"] == 20
 
 
-def test_an_empty_file_is_refused() -> None:
-    with pytest.raises(InvalidBatchLine, match="no request lines"):
-        check(b"\n \n")
+def test_an_empty_file_fails_its_batch() -> None:
+    assert check(b"\n \n") == 0  # taken at upload
+    errors, made = validate(b"\n \n")
+    assert (errors, made) == (
+        [
+            {
+                "code": "empty_file",
+                "message": "the file holds no request lines",
+                "param": None,
+                "line": None,
+            }
+        ],
+        0,
+    )
+
+
+def test_a_batch_holds_at_most_max_batch_requests() -> None:
+    errors, _ = validate(jsonl(*(request(f"r{i}") for i in range(4))), max_lines=3)
+    assert [(e["line"], e["code"]) for e in errors] == [(4, "too_many_requests")]
 
 
 def test_the_line_limit_counts_request_lines_only() -> None:
@@ -131,7 +179,7 @@ def test_the_line_limit_counts_request_lines_only() -> None:
 def test_the_size_limit_is_checked_as_the_chunks_arrive() -> None:
     data = jsonl(request("a"), request("b"))
     assert check(data, max_bytes=len(data)) == 2
-    checker = BatchFileCheck(max_bytes=len(data) - 1, max_lines=100)
+    checker = UploadCheck(max_bytes=len(data) - 1, max_lines=100)
     checker.feed(data[:10])
     with pytest.raises(PayloadTooLarge, match=f"at most {len(data) - 1} bytes"):
         checker.feed(data[10:])

@@ -1,0 +1,77 @@
+"""A batch's life after it is stored, as OpenAI's Batch API shows it: a batch made from an
+uploaded file is ``validating`` until its lines are checked (``failed`` with OpenAI's
+per-line ``errors``, or ``in_progress`` with its jobs, held for the meter); once every job
+ended it is ``finalizing`` while its output and error files are written as stored files
+(purpose ``batch_output``), then ``completed``, ``expired`` or ``cancelled``.
+
+Every API process runs it beside the meter, since the API holds the files and the meter
+its jobs go to. A round runs when a batch is created, when a job ends (the jobs channel's
+NOTIFY) and every ``interval_s``: that sweep picks up what a restarted or crashed API left
+``validating`` or ``finalizing``, since each step is one transaction on a row taken with
+SKIP LOCKED (the state is the rows', never the process's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from sqlalchemy.exc import DBAPIError
+
+from plumbing.aio import wait_first
+from plumbing.retry import count as count_retry
+from producers.batches.lifecycle_repository import Checker, LifecycleStore
+
+log = logging.getLogger(__name__)
+
+MIN_GAP_S = 0.1  # rounds are at least this far apart (job ends come in bursts)
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        store: LifecycleStore,
+        checker: Checker,
+        *,
+        interval_s: float,
+        released: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``checker`` makes the line checker of a batch (from its endpoint);
+        ``released``: called when a batch went in progress (its jobs wait for the meter)."""
+        self._store = store
+        self._checker = checker
+        self._interval_s = interval_s
+        self._released = released
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """A batch was created, or a job ended: a round now."""
+        self._wake.set()
+
+    async def step(self) -> int:
+        """One round: validate every batch waiting, then finalize every batch whose jobs
+        all ended; how many batches changed status."""
+        changed = 0
+        while (validated := await self._store.validate_next(self._checker)) is not None:
+            batch_id, status = validated
+            log.info("batch %s: validated, %s", batch_id, status)
+            if status == "in_progress":
+                self._released()
+            changed += 1
+        changed += await self._store.mark_finalizing()
+        while (ended := await self._store.finalize_next()) is not None:
+            log.info("batch %s: finalized, %s", *ended)
+            changed += 1
+        return changed
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                await self.step()
+            except (DBAPIError, OSError) as exc:
+                count_retry("batch_lifecycle", exc)
+                log.warning("batch lifecycle: round failed, retrying: %r", exc)
+            await wait_first(stop, limit_s=MIN_GAP_S)
+            await wait_first(stop, self._wake, limit_s=self._interval_s)
