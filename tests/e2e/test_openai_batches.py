@@ -45,6 +45,22 @@ def upload(client: OpenAI, tmp_path: Path, custom_ids: list[str]) -> str:
         return client.files.create(file=f, purpose="batch").id
 
 
+def statuses_until_ended(
+    client: OpenAI, batch_id: str, timeout_s: float = 90
+) -> tuple[list[str], Batch]:
+    """Every status retrieve showed, in order (repeats dropped), and the ended batch."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if not seen or seen[-1] != batch.status:
+            seen.append(batch.status)
+        if batch.status in ENDED:
+            return seen, batch
+        time.sleep(0.02)
+    raise AssertionError(f"batch {batch_id} did not end: {seen}")
+
+
 def wait_ended(client: OpenAI, batch_id: str, timeout_s: float = 90) -> Batch:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -75,13 +91,21 @@ def run_to_the_end(client: OpenAI, tmp_path: Path) -> None:
         completion_window="24h",
         metadata={"who": "e2e"},
     )
+    # Issue 31: a batch of an uploaded file is validating first (was in_progress at once).
     assert (made.status, made.input_file_id, made.metadata) == (
-        "in_progress",
+        "validating",
         file_id,
         {"who": "e2e"},
     )
-    done = wait_ended(client, made.id)
+    seen, done = statuses_until_ended(client, made.id)
     assert done.status == "completed", done
+    order = ["validating", "in_progress", "finalizing", "completed"]
+    assert seen[0] == "validating", seen
+    assert seen == sorted(seen, key=order.index), seen
+    assert done.in_progress_at is not None
+    assert done.finalizing_at is not None
+    assert done.completed_at is not None
+    assert done.created_at <= done.in_progress_at <= done.finalizing_at <= done.completed_at
     assert done.request_counts is not None
     assert (done.request_counts.total, done.request_counts.completed) == (5, 5)
     assert done.error_file_id is None
@@ -93,8 +117,14 @@ def run_to_the_end(client: OpenAI, tmp_path: Path) -> None:
         assert line["error"] is None
         assert body["object"] == "chat.completion"
         assert body["choices"][0]["message"]["content"]
+        usage = body["usage"]
+        assert usage["prompt_tokens"] > 0, usage
+        assert usage["completion_tokens"] > 0, usage
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     shown = client.files.retrieve(done.output_file_id)
     assert shown.purpose == "batch_output"
+    assert done.output_file_id in [f.id for f in client.files.list()]
+    assert [f.id for f in client.files.list(purpose="batch_output")] == [done.output_file_id]
     assert shown.bytes == len(client.files.content(done.output_file_id).content)
 
 
@@ -116,10 +146,19 @@ def cancel_and_page(client: OpenAI, tmp_path: Path) -> None:
     ]
     listed = [batch.id for batch in client.batches.list(limit=2)]  # the client pages itself
     assert listed == [batch.id for batch in reversed(made)]
+    for batch in made:  # validated (no worker: their jobs stay queued)
+        while client.batches.retrieve(batch.id).status == "validating":
+            time.sleep(0.05)
     cancelling = client.batches.cancel(made[0].id)
-    assert cancelling.status in ("cancelling", "cancelled")
-    ended = wait_ended(client, made[0].id)
+    assert cancelling.status == "cancelling"
+    assert cancelling.cancelling_at is not None
+    assert cancelling.cancelled_at is None
+    seen, ended = statuses_until_ended(client, made[0].id)
     assert ended.status == "cancelled"
+    assert seen[0] in ("cancelling", "finalizing", "cancelled"), seen
+    assert ended.cancelled_at is not None
+    assert ended.finalizing_at is not None
+    assert cancelling.cancelling_at <= ended.finalizing_at <= ended.cancelled_at
     assert ended.output_file_id is None
     assert ended.error_file_id is not None
     errors = lines_of(client, ended.error_file_id)
@@ -181,10 +220,13 @@ def test_the_error_file_holds_the_expired_and_the_failed_lines(
     assert (done.request_counts.total, done.request_counts.completed) == (6, 1), codes
     assert done.request_counts.failed == 5
     assert [line["custom_id"] for line in output] == ["quick"]
+    # Issue 31: OpenAI's batch_expired (was Sluicegate's deadline_passed, still in the
+    # message and in sluicegate.reason).
     assert codes == {
         "too-large": "request_too_large",
-        **{f"slow-{i}": "deadline_passed" for i in range(4)},
+        **{f"slow-{i}": "batch_expired" for i in range(4)},
     }
+    assert {errors[f"slow-{i}"]["sluicegate"]["reason"] for i in range(4)} == {"deadline_passed"}
     for line in errors.values():
         assert line["response"] is None
         assert line["id"].startswith("batch_req_")
