@@ -1,5 +1,5 @@
 """The HTTP API's app factory: the lifespan, the body limits, the error handlers and the
-routers of jobs, health and metrics, batches, files and webhooks."""
+routers of jobs, health and metrics, batches, files and webhooks; and the web page at /ui."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from producers.admission.limits import BodyLimit
 from producers.api import batches, errors, files, health, jobs, webhooks
 from producers.api.lifespan import Lifespan
 from producers.lag.monitor import LagSource
+from producers.ui import router as ui
 
 MULTIPART_OVERHEAD = 65_536
 
@@ -42,4 +43,5 @@ def create_app(
     app.include_router(batches.router)
     app.include_router(files.router)
     app.include_router(webhooks.router)
+    ui.install(app)
     return app
