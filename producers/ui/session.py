@@ -84,7 +84,7 @@ def check_write(
 
 def safe_next(value: str | None) -> str:
     """Where to go after the login: a path of the page, never another site."""
-    if value and value.startswith(COOKIE_PATH) and not value.startswith("//"):
+    if value and (value == COOKIE_PATH or value.startswith((f"{COOKIE_PATH}/", f"{COOKIE_PATH}?"))):
         parts = urlsplit(value)
         if not parts.scheme and not parts.netloc:
             return value
