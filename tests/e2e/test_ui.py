@@ -103,7 +103,6 @@ def test_cancel_and_pipeline_on_a_stack_without_workers(
         )
         assert int(lag) >= 0
         assert text_of(driver, "admission-state") in ("admitting", "throttling", "refusing")
-        shot(driver, "pipeline")
 
         driver.get(f"{stack.api_url}/ui/jobs/{queued}")
         state = text_of(driver, "job-state")
@@ -174,4 +173,10 @@ def test_a_job_and_a_batch_followed_to_their_end(
             "the output file",
         )
         assert output.count('"custom_id"') == 3, output
+
+        driver.get(f"{stack.api_url}/ui/pipeline")
+        browser.wait_for(
+            driver, lambda d: text_of(d, "admission-state") == "admitting", "the pipeline"
+        )
+        shot(driver, "pipeline")
     assert stack.stop() == 0
