@@ -32,6 +32,7 @@ _WINDOW = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 _UNIT_S = (86400, 3600, 60, 1)
 
 Status = Literal["in_progress", "cancelling", "completed", "expired", "cancelled"]
+BatchStatus = Status  # the list filter's name for it
 
 
 class InvalidBatch(InvalidRequest):

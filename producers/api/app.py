@@ -8,7 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
 from producers.admission.limits import BodyLimit
-from producers.api import batches, errors, files, health, jobs, webhooks
+from producers.api import batches, errors, files, health, jobs, overview, webhooks
 from producers.api.lifespan import Lifespan
 from producers.lag.monitor import LagSource
 from producers.ui import router as ui
@@ -43,5 +43,6 @@ def create_app(
     app.include_router(batches.router)
     app.include_router(files.router)
     app.include_router(webhooks.router)
+    app.include_router(overview.router)
     ui.install(app)
     return app

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 
 from plumbing.retry import IN_REQUEST, retrying
 from producers.api import openapi
-from producers.api.deps import Admission, AppSettings, Batches, Files, Meter, Tenant
+from producers.api.deps import Admission, AppSettings, Batches, CallerOf, Files, Meter, Tenant
 from producers.batches.input import (
     RequestChecker,
     check_all,
@@ -41,11 +41,13 @@ from producers.metrics import SUBMITTED
 from schemas import constants
 from schemas.batches import (
     BatchList,
+    BatchStatus,
     BatchView,
     CreateBatch,
     InvalidMultipart,
     UnsupportedMediaType,
 )
+from schemas.constants import DEFAULT_MODEL
 from schemas.errors import BatchNotFound, InvalidJson, InvalidRequest
 
 DEFAULT_PAGE = 20
@@ -53,7 +55,7 @@ MAX_PAGE = 100
 JSONL = "application/jsonl"
 JSONL_TYPES = (JSONL, "application/x-ndjson", "application/json-lines")
 
-_ERRORS = openapi.errors(400, 401, 404, 408, 409, 413, 415, 422, 429, 503)
+_ERRORS = openapi.errors(400, 401, 403, 404, 408, 409, 413, 415, 422, 429, 503)
 _OPTIONS = {
     "completion_window": {"type": "string", "default": "24h"},
     "metadata": {"type": "string", "description": "a JSON object of strings"},
@@ -179,9 +181,7 @@ async def create_batch(
     stored first."""
     body = await _body(request)
     now = datetime.now(UTC)
-    new = new_batch(
-        body, tenant=tenant, idempotency_key=idempotency_key, now=now, api=settings.api
-    )
+    new = new_batch(body, tenant=tenant, idempotency_key=idempotency_key, now=now, api=settings.api)
     checker = RequestChecker(settings.api, endpoint=body.endpoint)
     chunks = await _requests(body, files, tenant, checker)
 
@@ -208,16 +208,32 @@ async def create_batch(
     )
 
 
-@router.get("", response_model=BatchList, summary="List the caller's batches, newest first")
+@router.get("", response_model=BatchList, summary="List batches, newest first")
 async def list_batches(
     store: Batches,
-    tenant: Tenant,
+    caller: CallerOf,
+    status: Annotated[list[BatchStatus] | None, Query(description="OpenAI's statuses")] = None,
+    model: Annotated[
+        str | None,
+        Query(max_length=256, description=f"Batches with a job of this model ({DEFAULT_MODEL})"),
+    ] = None,
+    tenant: Annotated[
+        str | None,
+        Query(max_length=64, description="Another tenant's batches: operator keys only (403)"),
+    ] = None,
     after: Annotated[
         uuid.UUID | None, Query(description="last_id (or next_after) of the last page")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> BatchList:
-    page, more = await store.page(tenant, after=str(after) if after else None, limit=limit)
+    """The caller's batches; an operator key's are every tenant's (``tenant=`` names one)."""
+    page, more = await store.page(
+        caller.scope(tenant),
+        after=str(after) if after else None,
+        limit=limit,
+        statuses=status or (),
+        model=model,
+    )
     first, last = (page[0].id, page[-1].id) if page else (None, None)
     return BatchList(
         data=page,
@@ -229,9 +245,10 @@ async def list_batches(
 
 
 @router.get("/{batch_id}", response_model=BatchView, summary="Read a batch")
-async def get_batch(batch_id: str, store: Batches, tenant: Tenant) -> BatchView:
-    """OpenAI's batch object, with the jobs counted by state (``counts``)."""
-    return await store.get(tenant, _batch_id(batch_id))
+async def get_batch(batch_id: str, store: Batches, caller: CallerOf) -> BatchView:
+    """OpenAI's batch object, with the jobs counted by state (``counts``); an operator key
+    reads any tenant's."""
+    return await store.get(caller.owner, _batch_id(batch_id))
 
 
 @router.get(
