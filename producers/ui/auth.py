@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from producers.api.deps import AppSettings, Keys
 from producers.ui.pages import render
-from producers.ui.session import COOKIE, COOKIE_PATH, safe_next, tenant_of
+from producers.ui.session import COOKIE, COOKIE_PATH, caller_of, safe_next
 
 router = APIRouter()
 # How long the browser keeps the cookie; the key's own revocation ends it sooner.
@@ -36,7 +36,7 @@ async def login(
     """A known key sets the cookie and goes on to ``next``; any other shows the form again
     with the reason (401)."""
     target = safe_next(next)
-    if await tenant_of(settings, keys, key) is None:
+    if await caller_of(settings, keys, key) is None:
         message = (
             "That is not a tenant name."
             if settings.auth == "tenant_header"

@@ -5,6 +5,8 @@ They call what the JSON API's routes call."""
 from __future__ import annotations
 
 import uuid
+from typing import get_args
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
@@ -12,15 +14,17 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from producers.api import batches as batches_api
 from producers.api import files as files_api
 from producers.api.deps import Batches, Files
+from producers.ui import filters
 from producers.ui.pages import PageRoute, render
 from producers.ui.session import Viewing, Writing
-from schemas.batches import result_file_id
+from schemas.batches import BatchStatus, result_file_id
 from schemas.errors import BatchNotFound, SluicegateError
 
 router = APIRouter(route_class=PageRoute)
 PAGE = 20
 # A batch's status while it can still be cancelled.
 OPEN = ("validating", "in_progress", "finalizing")
+STATUSES: tuple[str, ...] = get_args(BatchStatus)
 
 
 def batch_key(value: str) -> str:
@@ -32,20 +36,40 @@ def batch_key(value: str) -> str:
 
 
 @router.get("/batches", response_class=HTMLResponse, summary="The batches, newest first")
-async def batch_list(
-    request: Request, viewer: Viewing, store: Batches, after: str | None = None
-) -> HTMLResponse:
+async def batch_list(request: Request, viewer: Viewing, store: Batches) -> HTMLResponse:
+    """As GET /v1/batches, filtered by status, model and (an operator's) tenant."""
+    params = filters.multi(request.query_params.multi_items())
+    chosen = filters.job_filter({k: v for k, v in params.items() if k != "state"})
+    wanted = [s for s in params.get("status", ()) if s in STATUSES]
     page = await batches_api.list_batches(
-        store, viewer.tenant, after=uuid.UUID(batch_key(after)) if after else None, limit=PAGE
+        store,
+        viewer.caller,
+        status=wanted or None,  # type: ignore[arg-type]  # checked against STATUSES
+        model=chosen.model,
+        tenant=chosen.tenant,
+        after=uuid.UUID(chosen.after) if chosen.after else None,
+        limit=PAGE,
     )
-    return render(request, "batches.html", viewer, batches=page.data, next_after=page.next_after)
+    more = {"status": wanted, "model": chosen.model or "", "tenant": chosen.tenant or ""}
+    return render(
+        request,
+        "batches.html",
+        viewer,
+        batches=page.data,
+        chosen=chosen,
+        wanted=wanted,
+        statuses=STATUSES,
+        next_query=urlencode({**more, "after": page.next_after}, doseq=True)
+        if page.next_after
+        else None,
+    )
 
 
 @router.get("/batches/{batch_id}", response_class=HTMLResponse, summary="One batch's progress")
 async def batch_page(
     batch_id: str, request: Request, viewer: Viewing, store: Batches
 ) -> HTMLResponse:
-    batch = await batches_api.get_batch(batch_key(batch_id), store, viewer.tenant)
+    batch = await batches_api.get_batch(batch_key(batch_id), store, viewer.caller)
     ended = batch.status not in OPEN
     return render(
         request,

@@ -9,41 +9,39 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from producers.api import jobs as jobs_api
-from producers.api.deps import Jobs, Monitor, Webhooks
-from producers.jobs import status
+from producers.api.deps import Jobs, Webhooks
 from producers.jobs.repository import JobRepository
 from producers.ui import filters
 from producers.ui.pages import PageRoute, render
 from producers.ui.session import Viewing, Writing
 from producers.webhooks.repository import WebhookStore
-from schemas.api import JobView
 from schemas.errors import JobNotFound, SluicegateError
 from schemas.states import CANCELLABLE_STATES, JobState
-from schemas.webhooks import DeliveryDetail
+from schemas.timeline import JobTimeline
 
 router = APIRouter(route_class=PageRoute)
-# A job's deliveries shown on its page, the newest last.
-MAX_DELIVERIES = 20
 
 
 @router.get("/jobs", response_class=HTMLResponse, summary="The jobs, by state and model")
 async def job_list(request: Request, viewer: Viewing, repo: Jobs) -> HTMLResponse:
+    """As GET /v1/jobs (an operator's key sees every tenant, ``tenant=`` names one), but
+    with each job's model."""
     chosen = filters.job_filter(filters.multi(request.query_params.multi_items()))
-    page = await jobs_api.list_jobs(
-        repo,
-        viewer.tenant,
-        batch_id=uuid.UUID(chosen.batch_id) if chosen.batch_id else None,
-        state=list(chosen.states),
-        after=uuid.UUID(chosen.after) if chosen.after else None,
+    page, more = await repo.page(
+        viewer.caller.scope(chosen.tenant),  # a plain key and another tenant: 403
+        batch_id=chosen.batch_id,
+        states=list(chosen.states),
+        model=chosen.model,
+        after=chosen.after,
         limit=chosen.limit,
     )
     return render(
         request,
         "jobs.html",
         viewer,
-        jobs=page.data,
+        jobs=page,
         chosen=chosen,
-        next_query=chosen.query(after=page.next_after) if page.next_after else None,
+        next_query=chosen.query(after=page[-1].id) if more else None,
         first_query=chosen.query(after=None) if chosen.after else None,
         states=[s.value for s in JobState],
     )
@@ -58,27 +56,27 @@ def job_key(value: str) -> str:
 
 
 async def _timeline(
-    repo: JobRepository, monitor: Monitor, hooks: WebhookStore, tenant: str, job_id: str
-) -> tuple[JobView, list[DeliveryDetail]]:
-    """The job (with its place in the queue until it starts) and its webhook deliveries,
-    each with its attempts."""
-    job = await repo.get(tenant, job_key(job_id))
-    view = await status.view(repo, monitor.snapshot(), job, f"/v1/jobs/{job.id}")
-    found, _ = await hooks.deliveries(
-        tenant, state=None, subject=job.id, after=None, limit=MAX_DELIVERIES
-    )
-    return view, [await hooks.delivery(tenant, d.id) for d in found]
+    repo: JobRepository, hooks: WebhookStore, viewer: Viewing, job_id: str
+) -> tuple[JobTimeline, int | None]:
+    """The job's timeline as GET /v1/jobs/{id}/timeline gives it, and how many jobs are
+    ahead of it while it has not started."""
+    job = await repo.get(viewer.caller.owner, job_key(job_id))
+    timeline = JobTimeline.of(job, await hooks.for_subject(job.tenant, job.id))
+    ahead = None
+    if job.state in (JobState.QUEUED, JobState.DISPATCHED):
+        ahead = await repo.queue_position(job)
+    return timeline, ahead
 
 
 def _job_page(
-    request: Request, viewer: Viewing, template: str, job: JobView, hooks: list[DeliveryDetail]
+    request: Request, viewer: Viewing, template: str, job: JobTimeline, ahead: int | None
 ) -> HTMLResponse:
     return render(
         request,
         template,
         viewer,
         job=job,
-        deliveries=hooks,
+        ahead=ahead,
         cancellable=job.state in CANCELLABLE_STATES,
         error=request.query_params.get("error"),
     )
@@ -86,15 +84,10 @@ def _job_page(
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse, summary="One job's timeline")
 async def job_page(
-    job_id: str,
-    request: Request,
-    viewer: Viewing,
-    repo: Jobs,
-    monitor: Monitor,
-    hooks: Webhooks,
+    job_id: str, request: Request, viewer: Viewing, repo: Jobs, hooks: Webhooks
 ) -> HTMLResponse:
-    job, deliveries = await _timeline(repo, monitor, hooks, viewer.tenant, job_id)
-    return _job_page(request, viewer, "job.html", job, deliveries)
+    job, ahead = await _timeline(repo, hooks, viewer, job_id)
+    return _job_page(request, viewer, "job.html", job, ahead)
 
 
 @router.get(
@@ -103,10 +96,10 @@ async def job_page(
     summary="One job's timeline, the fragment the page polls",
 )
 async def job_timeline(
-    job_id: str, request: Request, viewer: Viewing, repo: Jobs, monitor: Monitor, hooks: Webhooks
+    job_id: str, request: Request, viewer: Viewing, repo: Jobs, hooks: Webhooks
 ) -> HTMLResponse:
-    job, deliveries = await _timeline(repo, monitor, hooks, viewer.tenant, job_id)
-    return _job_page(request, viewer, "job_timeline.html", job, deliveries)
+    job, ahead = await _timeline(repo, hooks, viewer, job_id)
+    return _job_page(request, viewer, "job_timeline.html", job, ahead)
 
 
 @router.post("/jobs/{job_id}/cancel", summary="Cancel a job from its page")
@@ -115,7 +108,7 @@ async def cancel_job(job_id: str, viewer: Writing, repo: Jobs) -> Response:
     reason when it could not be cancelled)."""
     target = f"/ui/jobs/{job_key(job_id)}"
     try:
-        await jobs_api.cancel_job(job_id, repo, viewer.tenant)
+        await jobs_api.cancel_job(job_id, repo, viewer.caller)
     except SluicegateError as exc:
         if exc.status >= 500:
             raise

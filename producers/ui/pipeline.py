@@ -9,70 +9,67 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from producers.api.deps import Admission, Monitor, Webhooks
+from producers.api import overview as overview_api
+from producers.api.deps import Admission, AppSettings, Monitor, Overviews, Webhooks
 from producers.ui.pages import PageRoute, render
 from producers.ui.session import Viewing
-from schemas.jobs import Priority
+from schemas.states import JobState
 from schemas.webhooks import DeliveryState
 
 router = APIRouter(route_class=PageRoute)
 POLL_S = 3
+# Ended jobs and drops of the last this many seconds.
+WINDOW_S = 900
 DELIVERIES = 50
 
 
-def _overview(admission: Admission, monitor: Monitor) -> dict[str, Any]:
+async def _panel(
+    store: Overviews, viewer: Viewing, admission: Admission, settings: AppSettings, monitor: Monitor
+) -> dict[str, Any]:
+    """GET /v1/overview's answer, the jobs by model and state as a table, and the rates the
+    lag moves at."""
+    found = await overview_api.overview(store, viewer.caller, admission, settings, WINDOW_S)
+    models = sorted({c.model for c in found.jobs})
+    counts = {(c.model, c.state): c.count for c in found.jobs}
     lag = monitor.snapshot()
-    soft, hard = admission.thresholds_now(Priority.NORMAL)
     return {
-        "lag": lag.lag if lag.known else None,
-        "lag_soft": soft,
-        "lag_hard": hard,
+        "overview": found,
+        "models": models,
+        "counts": counts,
+        "job_states": [s.value for s in JobState],
         "drain_rate": lag.drain_rate,
         "arrival_rate": lag.arrival_rate,
-        "stalled_s": lag.stalled_s,
-        "cause": lag.cause,
-        "admission": "unknown" if not lag.known else admission_state(lag.lag, soft, hard),
         "blocked": admission.blocked,
-        "workers": [],
-        "drops": {},
+        "poll_s": POLL_S,
     }
-
-
-def admission_state(lag: int, soft: int, hard: int) -> str:
-    """What a normal-priority submit meets at this lag."""
-    if lag >= hard:
-        return "refusing"
-    if lag >= soft:
-        return "throttling"
-    return "admitting"
 
 
 @router.get("/pipeline", response_class=HTMLResponse, summary="The pipeline, live")
 async def pipeline_page(
-    request: Request, viewer: Viewing, admission: Admission, monitor: Monitor
+    request: Request,
+    viewer: Viewing,
+    store: Overviews,
+    admission: Admission,
+    settings: AppSettings,
+    monitor: Monitor,
 ) -> HTMLResponse:
-    return render(
-        request,
-        "pipeline.html",
-        viewer,
-        overview=_overview(admission, monitor),
-        poll_s=POLL_S,
-    )
+    panel = await _panel(store, viewer, admission, settings, monitor)
+    return render(request, "pipeline.html", viewer, **panel)
 
 
 @router.get(
     "/pipeline/panel", response_class=HTMLResponse, summary="The pipeline panel the page polls"
 )
 async def pipeline_panel(
-    request: Request, viewer: Viewing, admission: Admission, monitor: Monitor
+    request: Request,
+    viewer: Viewing,
+    store: Overviews,
+    admission: Admission,
+    settings: AppSettings,
+    monitor: Monitor,
 ) -> HTMLResponse:
-    return render(
-        request,
-        "pipeline_panel.html",
-        viewer,
-        overview=_overview(admission, monitor),
-        poll_s=POLL_S,
-    )
+    panel = await _panel(store, viewer, admission, settings, monitor)
+    return render(request, "pipeline_panel.html", viewer, **panel)
 
 
 @router.get("/webhooks", response_class=HTMLResponse, summary="The webhook deliveries")

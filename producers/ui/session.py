@@ -20,7 +20,7 @@ from urllib.parse import quote, urlsplit
 from fastapi import Depends, Request
 
 from plumbing.settings import Settings
-from producers.tenancy.keys import valid_tenant
+from producers.tenancy.keys import Caller, valid_tenant
 from producers.tenancy.repository import KeyStore
 from schemas.errors import InvalidRequest, SluicegateError
 
@@ -33,11 +33,19 @@ _CSRF_SALT = b"sluicegate-ui-csrf-v1"
 
 @dataclass(frozen=True, kw_only=True)
 class Viewer:
-    """The logged-in caller: the tenant whose jobs the page shows, and the token its
-    forms carry."""
+    """The logged-in caller (its tenant, and whether its key is an operator's, which sees
+    every tenant), and the token its forms carry."""
 
-    tenant: str
+    caller: Caller
     csrf: str
+
+    @property
+    def tenant(self) -> str:
+        return self.caller.tenant
+
+    @property
+    def operator(self) -> bool:
+        return self.caller.operator
 
 
 class LoginRequired(Exception):
@@ -95,29 +103,29 @@ def login_url(next_path: str) -> str:
     return f"{COOKIE_PATH}/login?next={quote(next_path, safe='/')}"
 
 
-async def tenant_of(settings: Settings, keys: KeyStore, credential: str) -> str | None:
-    """The tenant a credential logs in as, as the API would take it: an API key (the
+async def caller_of(settings: Settings, keys: KeyStore, credential: str) -> Caller | None:
+    """The caller a credential logs in as, as the API would take it: an API key (the
     ``auth = tenant_header`` deployments, which trust the caller, take a tenant name)."""
     credential = credential.strip()
     if not credential:
         return None
     if settings.auth == "tenant_header":
         try:
-            return valid_tenant(credential)
+            return Caller(tenant=valid_tenant(credential))
         except InvalidRequest:
             return None
-    return await keys.tenant_of(credential)
+    return await keys.caller_of(credential)
 
 
 async def viewer(request: Request) -> Viewer:
     """The viewer of a page, or LoginRequired (a redirect to the login form)."""
     credential = request.cookies.get(COOKIE)
     state = request.app.state
-    tenant = await tenant_of(state.settings, state.keys, credential) if credential else None
-    if tenant is None or credential is None:
+    caller = await caller_of(state.settings, state.keys, credential) if credential else None
+    if caller is None or credential is None:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise LoginRequired(target)
-    return Viewer(tenant=tenant, csrf=csrf_token(credential))
+    return Viewer(caller=caller, csrf=csrf_token(credential))
 
 
 async def writer(request: Request) -> Viewer:

@@ -29,7 +29,11 @@ def shot(driver: WebDriver, name: str) -> None:
     folder = os.environ.get("UI_SCREENSHOTS_DIR")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
+        size = driver.get_window_size()
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(size["width"], min(int(height) + 140, 2400))  # the whole page
         driver.save_screenshot(str(Path(folder) / f"{name}.png"))
+        driver.set_window_size(size["width"], size["height"])
 
 
 def text_of(driver: WebDriver, element_id: str) -> str:
@@ -93,16 +97,7 @@ def test_cancel_and_pipeline_on_a_stack_without_workers(
 
         log_in(driver, stack, the_key(stack))
         browser.wait_for(driver, lambda d: d.find_elements(By.ID, "jobs"), "the jobs list")
-        assert queued[:8] in driver.find_element(By.ID, "jobs").text
-
-        driver.get(f"{stack.api_url}/ui/pipeline")
-        lag = browser.wait_for(
-            driver,
-            lambda d: text_of(d, "lag") not in ("", "unknown") and text_of(d, "lag"),
-            "a known lag",
-        )
-        assert int(lag) >= 0
-        assert text_of(driver, "admission-state") in ("admitting", "throttling", "refusing")
+        assert queued[-12:] in driver.find_element(By.ID, "jobs").text
 
         driver.get(f"{stack.api_url}/ui/jobs/{queued}")
         state = text_of(driver, "job-state")
@@ -112,7 +107,21 @@ def test_cancel_and_pipeline_on_a_stack_without_workers(
             driver, lambda d: text_of(d, "job-state") == "cancelled", "the job cancelled"
         )
         assert not driver.find_elements(By.ID, "cancel-job")
-        assert text_of(driver, "end-reason")
+        assert text_of(driver, "end-reason") == "cancelled"
+
+        # The pipeline: the lag read, admission open, and the cancel among the drops.
+        driver.get(f"{stack.api_url}/ui/pipeline")
+        lag = browser.wait_for(
+            driver,
+            lambda d: text_of(d, "lag") not in ("", "unknown") and text_of(d, "lag"),
+            "a known lag",
+        )
+        assert int(lag) >= 0
+        assert text_of(driver, "admission-state") in ("open", "throttling", "refusing")
+        browser.wait_for(
+            driver, lambda d: "cancelled" in text_of(d, "drops"), "the cancel among the drops"
+        )
+        assert "No worker has reported" in text_of(driver, "workers")
     with httpx.Client(base_url=stack.api_url, headers=stack.headers, timeout=30) as client:
         assert client.get(f"/v1/jobs/{queued}").json()["state"] == "cancelled"
     # A write without the page's token is refused, whatever the cookie.
@@ -175,8 +184,11 @@ def test_a_job_and_a_batch_followed_to_their_end(
         assert output.count('"custom_id"') == 3, output
 
         driver.get(f"{stack.api_url}/ui/pipeline")
-        browser.wait_for(
-            driver, lambda d: text_of(d, "admission-state") == "admitting", "the pipeline"
-        )
+        browser.wait_for(driver, lambda d: text_of(d, "admission-state") == "open", "the pipeline")
+        # Polled every 3 s: the worker shows up once it has reported.
+        browser.wait_for(driver, lambda d: "sim" in text_of(d, "workers"), "the worker")
+        # The job and the batch's 3 lines, counted under succeeded (a link to them).
+        counted = driver.find_elements(By.CSS_SELECTOR, "#job-counts a[href$='state=succeeded']")
+        assert sum(int(a.text) for a in counted) >= 4, text_of(driver, "job-counts")
         shot(driver, "pipeline")
     assert stack.stop() == 0
