@@ -30,13 +30,13 @@ async def login(
     request: Request,
     settings: AppSettings,
     keys: Keys,
-    key: Annotated[str, Form(max_length=MAX_KEY)] = "",
-    next: Annotated[str, Form(max_length=2048)] = COOKIE_PATH,
+    key: Annotated[str, Form()] = "",
+    next: Annotated[str, Form()] = COOKIE_PATH,
 ) -> Response:
     """A known key sets the cookie and goes on to ``next``; any other shows the form again
     with the reason (401)."""
     target = safe_next(next)
-    if await caller_of(settings, keys, key) is None:
+    if len(key) > MAX_KEY or await caller_of(settings, keys, key) is None:
         message = (
             "That is not a tenant name."
             if settings.auth == "tenant_header"
