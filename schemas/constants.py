@@ -57,3 +57,6 @@ M_ARRIVAL_RATE = "sluicegate_arrival_rate"
 M_IN_FLIGHT = "sluicegate_jobs_in_flight"
 M_LATENCY_W = "sluicegate_latency_w_seconds"
 M_LITTLE_L = "sluicegate_littles_law_l"
+
+# The model of a job whose request named none (the engine's own), in lists and metrics.
+DEFAULT_MODEL = "default"

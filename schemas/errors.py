@@ -63,6 +63,14 @@ class Unauthorized(SluicegateError):
     status = 401
 
 
+class OperatorOnly(SluicegateError):
+    """The request needs an operator key (``sluicegate keys create TENANT --operator``):
+    a plain key sees only its own tenant."""
+
+    code = "operator_only"
+    status = 403
+
+
 class BatchNotFound(SluicegateError):
     """No such batch for this tenant."""
 

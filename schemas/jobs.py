@@ -78,6 +78,13 @@ class Job:
     decoded_tokens: int | None
     batch_id: str | None = None
     custom_id: str | None = None
+    params: dict[str, Any] | None = None  # model and sampling parameters, those given
+
+    @property
+    def model(self) -> str | None:
+        """The model its request named; None: none (the engine's own)."""
+        model = (self.params or {}).get("model")
+        return model if isinstance(model, str) else None
 
 
 def job_from_row(row: Mapping[Any, Any]) -> Job:
@@ -105,4 +112,5 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         decoded_tokens=row["decoded_tokens"],
         batch_id=str(row["batch_id"]) if row["batch_id"] is not None else None,
         custom_id=row["custom_id"],
+        params=row.get("params"),
     )

@@ -176,6 +176,8 @@ api_keys = Table(
     Column("name", Text, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("revoked_at", DateTime(timezone=True), nullable=True),
+    # An operator key sees (and may cancel) every tenant's jobs and batches.
+    Column("operator", Boolean, nullable=False, server_default=text("false")),
 )
 
 # Webhook signing secrets ("whsec_..."), per tenant. Every unexpired secret signs each
@@ -331,4 +333,20 @@ file_parts = Table(
     Column("file_id", Text, ForeignKey("files.id", ondelete="CASCADE"), primary_key=True),
     Column("seq", Integer, primary_key=True),
     Column("data", LargeBinary, nullable=False),
+)
+
+# The workers that report themselves (workers/presence.py): each upserts its row every
+# worker_report_s and deletes it when it stops cleanly; a row not seen for a few intervals
+# is a worker gone (shown as stale, then pruned by retention).
+workers = Table(
+    "workers",
+    metadata,
+    Column("id", Text, primary_key=True),  # worker-N (static member id) or host:pid
+    Column("model", Text, nullable=False),  # the model its engine serves
+    Column("engine", Text, nullable=False),  # sim, vllm_http, vllm_local, llamacpp
+    Column("capacity", Integer, nullable=False),  # jobs it may run at once
+    Column("running", Integer, nullable=False),
+    Column("kv_usage", Float, nullable=True),  # fraction of its KV cache (or slots) in use
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

@@ -59,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     create = key_sub.add_parser("create", help="make a key for a tenant; prints it once")
     create.add_argument("tenant")
     create.add_argument("--name", default=None, help="a note on what the key is for")
+    create.add_argument(
+        "--operator", action="store_true", help="an operator key: it sees every tenant"
+    )
+    key_sub.add_parser("list", help="list the keys (never the keys themselves)")
     revoke = key_sub.add_parser("revoke", help="revoke a key by its id (sk_<12 hex>)")
     revoke.add_argument("key_id")
     return parser

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.db import make_engine
 from plumbing.kafka import close_client, make_consumer
@@ -23,6 +24,8 @@ from workers.execution import Executor
 from workers.gate import PreDecodeGate, PullGate
 from workers.kv import ExpectedOutput
 from workers.metrics import watch
+from workers.presence import Presence, worker_id
+from workers.presence_repository import PresenceRepository
 from workers.repository import WorkerRepository
 from workers.speed import SpeedMeter
 
@@ -99,6 +102,27 @@ def build_predecode(worker: WorkerSettings, gate: PullGate) -> PreDecodeGate:
         speed=SpeedMeter(window=worker.speed_window, min_samples=worker.speed_min_samples),
         expected=gate.expected,
         drop_unreachable=worker.drop_unreachable,
+    )
+
+
+def served_model(settings: Settings) -> str:
+    """The model the worker's engine serves: vLLM's ``vllm_model``, else the engine's name
+    (which is what the simulator's and llama.cpp's results report)."""
+    engine = settings.worker.engine
+    return settings.engines.vllm.vllm_model if engine.startswith("vllm") else engine
+
+
+def build_presence(
+    settings: Settings, db: AsyncEngine, engine: InferenceEngine, gate: PullGate
+) -> Presence:
+    own = settings.worker
+    return Presence(
+        PresenceRepository(db),
+        worker=worker_id(own.worker_group_instance_id),
+        model=served_model(settings),
+        engine=engine,
+        gate=gate,
+        interval_s=own.worker_report_s,
     )
 
 
@@ -182,7 +206,15 @@ async def run_worker(
             )
             if on_worker is not None:
                 on_worker(worker)
-            await worker.run(stop)
+            presence_stop = asyncio.Event()
+            presence = asyncio.create_task(
+                build_presence(settings, db, inference, gate).run(presence_stop), name="presence"
+            )
+            try:
+                await worker.run(stop)
+            finally:
+                presence_stop.set()
+                await presence
         finally:
             control_stop.set()  # after the drain: jobs still decoding can be stopped
             await control_task

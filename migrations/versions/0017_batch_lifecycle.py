@@ -4,7 +4,7 @@ with its jobs); once every job ended it is ``finalizing`` while its output and e
 are written (stored files, purpose ``batch_output``), then completed, expired or cancelled
 
 Revision ID: 0017
-Revises: 0013
+Revises: 0015
 Create Date: 2026-12-02 10:00:00
 """
 
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0017"
-down_revision = "0013"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

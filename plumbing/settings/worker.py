@@ -126,6 +126,13 @@ class WorkerSettings(SettingsGroup):
         description="Jobs that must have finished before the measured speed is used (by the "
         "pre-decode gate here, and by the API's deadline-aware admission).",
     )
+    worker_report_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often a worker writes its row in `workers` (its model, engine, "
+        "capacity, running jobs and KV usage) for `GET /v1/overview` and `sluicegate status`; "
+        "a row not written for three intervals is shown as stale.",
+    )
     control_sweep_s: float = Field(
         default=0.5,
         gt=0,

@@ -15,9 +15,11 @@ admitted since the last lag reading) and makes a submit wait for the lag to fall
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Literal
 
 from producers.admission.policy import Policy, Refused
 from producers.admission.ratelimit import TenantLimits
@@ -32,6 +34,27 @@ from schemas.jobs import Priority
 @dataclass(frozen=True, kw_only=True)
 class Admitted:
     blocked_s: float
+
+
+AdmissionState = Literal["open", "throttling", "refusing", "unknown"]
+# The max_tokens a status's Retry-After hint is computed for (the submit's default).
+HINT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdmissionStatus:
+    """Admission as a normal-priority submit meets it now: ``open`` (accepted at once),
+    ``throttling`` (the lag is at the blocking threshold: it waits, or with
+    ``admission_mode=reject`` is refused), ``refusing`` (at the refusal threshold: 429) or
+    ``unknown`` (the lag cannot be read: 503). ``retry_after_s``: the hint a refused
+    submit of ``HINT_MAX_TOKENS`` would get; None while open."""
+
+    state: AdmissionState
+    lag: int | None
+    lag_soft: int
+    lag_hard: int
+    reading_age_s: float | None
+    retry_after_s: float | None
 
 
 class AdmissionController:
@@ -120,6 +143,44 @@ class AdmissionController:
             ADMISSIONS.labels(outcome="rejected", reason=refused.reason).inc()
             raise
         ADMISSIONS.labels(outcome="accepted", reason="ok").inc()
+
+    def status(self) -> AdmissionStatus:
+        """What a normal-priority submit meets now (for the overview; decides nothing)."""
+        p = self._policy
+        reading = self._monitor.snapshot()
+        age = reading.age_s if math.isfinite(reading.age_s) else None
+        try:
+            lag = self._known()
+        except Refused as refused:
+            return AdmissionStatus(
+                state="unknown",
+                lag=None,
+                lag_soft=p.soft,
+                lag_hard=p.hard,
+                reading_age_s=age,
+                retry_after_s=refused.retry_after_s,
+            )
+        block_from, refuse_from = self.thresholds_now(Priority.NORMAL)
+        state: AdmissionState = "open"
+        hint: float | None = None
+        if lag.lag >= block_from:
+            state, reason = (
+                ("refusing", "lag_hard")
+                if lag.lag >= refuse_from
+                else (
+                    "throttling",
+                    "lag_soft",
+                )
+            )
+            hint = self._over(lag, reason, block_from, HINT_MAX_TOKENS).retry_after_s
+        return AdmissionStatus(
+            state=state,
+            lag=lag.lag,
+            lag_soft=p.soft,
+            lag_hard=p.hard,
+            reading_age_s=age,
+            retry_after_s=hint,
+        )
 
     def current_lag(self) -> int | None:
         """The lag as admission sees it now; None while it is unknown."""

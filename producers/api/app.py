@@ -1,6 +1,6 @@
 """The HTTP API's app factory: the lifespan, the body limits, the error handlers and the
-routers of jobs, health and metrics, batches, files, webhooks and OpenAI's synchronous
-completions and models."""
+routers of jobs, health and metrics, batches, files, webhooks, the overview and OpenAI's
+synchronous completions and models; and the web page at /ui."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
 from producers.admission.limits import BodyLimit
-from producers.api import batches, completions, errors, files, health, jobs, webhooks
+from producers.api import batches, completions, errors, files, health, jobs, overview, webhooks
 from producers.api.lifespan import Lifespan
 from producers.lag.monitor import LagSource
+from producers.ui import router as ui
 
 MULTIPART_OVERHEAD = 65_536
 
@@ -44,4 +45,6 @@ def create_app(
     app.include_router(files.router)
     app.include_router(webhooks.router)
     app.include_router(completions.router)
+    app.include_router(overview.router)
+    ui.install(app)
     return app

@@ -28,6 +28,7 @@ from producers.api.deps import (
     Admission,
     AppSettings,
     Batches,
+    CallerOf,
     Files,
     Lifecycle,
     Meter,
@@ -50,11 +51,13 @@ from schemas import constants
 from schemas.batches import (
     ENDPOINTS,
     BatchList,
+    BatchStatus,
     BatchView,
     CreateBatch,
     InvalidMultipart,
     UnsupportedMediaType,
 )
+from schemas.constants import DEFAULT_MODEL
 from schemas.errors import BatchNotFound, InvalidJson, InvalidRequest
 
 DEFAULT_PAGE = 20
@@ -62,7 +65,7 @@ MAX_PAGE = 100
 JSONL = "application/jsonl"
 JSONL_TYPES = (JSONL, "application/x-ndjson", "application/json-lines")
 
-_ERRORS = openapi.errors(400, 401, 404, 408, 409, 413, 415, 422, 429, 503)
+_ERRORS = openapi.errors(400, 401, 403, 404, 408, 409, 413, 415, 422, 429, 503)
 _OPTIONS = {
     "completion_window": {"type": "string", "default": "24h"},
     "metadata": {"type": "string", "description": "a JSON object of strings"},
@@ -236,16 +239,32 @@ def _created(view: BatchView, created: bool) -> JSONResponse:
     )
 
 
-@router.get("", response_model=BatchList, summary="List the caller's batches, newest first")
+@router.get("", response_model=BatchList, summary="List batches, newest first")
 async def list_batches(
     store: Batches,
-    tenant: Tenant,
+    caller: CallerOf,
+    status: Annotated[list[BatchStatus] | None, Query(description="OpenAI's statuses")] = None,
+    model: Annotated[
+        str | None,
+        Query(max_length=256, description=f"Batches with a job of this model ({DEFAULT_MODEL})"),
+    ] = None,
+    tenant: Annotated[
+        str | None,
+        Query(max_length=64, description="Another tenant's batches: operator keys only (403)"),
+    ] = None,
     after: Annotated[
         uuid.UUID | None, Query(description="last_id (or next_after) of the last page")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> BatchList:
-    page, more = await store.page(tenant, after=str(after) if after else None, limit=limit)
+    """The caller's batches; an operator key's are every tenant's (``tenant=`` names one)."""
+    page, more = await store.page(
+        caller.scope(tenant),
+        after=str(after) if after else None,
+        limit=limit,
+        statuses=status or (),
+        model=model,
+    )
     first, last = (page[0].id, page[-1].id) if page else (None, None)
     return BatchList(
         data=page,
@@ -257,9 +276,10 @@ async def list_batches(
 
 
 @router.get("/{batch_id}", response_model=BatchView, summary="Read a batch")
-async def get_batch(batch_id: str, store: Batches, tenant: Tenant) -> BatchView:
-    """OpenAI's batch object, with the jobs counted by state (``counts``)."""
-    return await store.get(tenant, _batch_id(batch_id))
+async def get_batch(batch_id: str, store: Batches, caller: CallerOf) -> BatchView:
+    """OpenAI's batch object, with the jobs counted by state (``counts``); an operator key
+    reads any tenant's."""
+    return await store.get(caller.owner, _batch_id(batch_id))
 
 
 @router.get(

@@ -24,8 +24,8 @@ from producers.files.checks import validation_message
 from producers.jobs.submission import new_job
 from schemas import constants
 from schemas.api import SubmitJob
-from schemas.batch_lines import RequestLine, line_request
-from schemas.batch_output import response_body
+from schemas.batches.lines import RequestLine, line_request
+from schemas.batches.output import response_body
 from schemas.completions import (
     CompletionFailed,
     DeadlineExceeded,

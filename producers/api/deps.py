@@ -21,7 +21,8 @@ from producers.files.repository import FileStore
 from producers.jobs.group_commit import GroupCommit
 from producers.jobs.repository import JobRepository
 from producers.lag.monitor import LagMonitor
-from producers.tenancy.keys import valid_tenant
+from producers.overview.repository import OverviewStore
+from producers.tenancy.keys import Caller, valid_tenant
 from producers.tenancy.repository import KeyStore
 from producers.webhooks.repository import WebhookStore
 from schemas import constants
@@ -82,6 +83,12 @@ async def webhook_store(repo: Annotated[JobRepository, Depends(job_repository)])
     return WebhookStore(repo.engine)
 
 
+async def overview_store(
+    repo: Annotated[JobRepository, Depends(job_repository)],
+) -> OverviewStore:
+    return OverviewStore(repo.engine)
+
+
 async def key_store(request: Request) -> KeyStore:
     keys: KeyStore = request.app.state.keys
     return keys
@@ -99,9 +106,10 @@ Meter = Annotated[BatchMeter, Depends(batch_meter)]
 Lifecycle = Annotated[BatchLifecycle, Depends(batch_lifecycle)]
 Webhooks = Annotated[WebhookStore, Depends(webhook_store)]
 Keys = Annotated[KeyStore, Depends(key_store)]
+Overviews = Annotated[OverviewStore, Depends(overview_store)]
 
 
-async def current_tenant(
+async def current_caller(
     config: AppSettings,
     keys: Keys,
     authorization: Annotated[
@@ -114,17 +122,26 @@ async def current_tenant(
             description="The tenant, trusted only with auth = tenant_header",
         ),
     ] = None,
-) -> str:
-    """The caller's tenant, by the deployment's ``auth`` setting."""
+) -> Caller:
+    """The caller, by the deployment's ``auth`` setting: its tenant, and whether its key is
+    an operator's (never with ``tenant_header``)."""
     if config.auth == "tenant_header":
-        return valid_tenant(tenant or constants.DEFAULT_TENANT)
+        return Caller(tenant=valid_tenant(tenant or constants.DEFAULT_TENANT))
     scheme, _, key = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not key:
         raise Unauthorized("send Authorization: Bearer <API key>")
-    owner = await keys.tenant_of(key.strip())
-    if owner is None:
+    caller = await keys.caller_of(key.strip())
+    if caller is None:
         raise Unauthorized("unknown or revoked API key")
-    return owner
+    return caller
+
+
+# The caller, for a route that lets an operator key see every tenant.
+CallerOf = Annotated[Caller, Depends(current_caller)]
+
+
+async def current_tenant(caller: CallerOf) -> str:
+    return caller.tenant
 
 
 # The calling tenant, for a route's signature: every query a route makes is scoped to it.

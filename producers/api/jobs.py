@@ -12,7 +12,17 @@ from fastapi.responses import JSONResponse
 from plumbing.retry import IN_REQUEST, retrying
 from producers.admission.controller import AdmissionController
 from producers.api import openapi
-from producers.api.deps import Admission, AppSettings, Groups, Jobs, Monitor, Tenant, Waits
+from producers.api.deps import (
+    Admission,
+    AppSettings,
+    CallerOf,
+    Groups,
+    Jobs,
+    Monitor,
+    Tenant,
+    Waits,
+    Webhooks,
+)
 from producers.api.waiting import wait_limit
 from producers.jobs import status
 from producers.jobs.group_commit import GroupCommit
@@ -20,9 +30,11 @@ from producers.jobs.submission import new_job
 from producers.metrics import SUBMITTED
 from schemas import constants
 from schemas.api import JobList, JobView, SubmitJob, SubmitResponse
+from schemas.constants import DEFAULT_MODEL
 from schemas.errors import JobNotFound
 from schemas.jobs import Job, NewJob, estimate_tokens
 from schemas.states import JobState
+from schemas.timeline import JobTimeline
 
 # Pages of GET /v1/jobs.
 DEFAULT_PAGE = 100
@@ -30,7 +42,7 @@ MAX_PAGE = 1000
 # A ?wait= that ran out before the job ended: poll again (or wait again) in this long.
 WAIT_RETRY_AFTER_S = 1
 
-_ERRORS = openapi.errors(400, 401, 404, 408, 409, 413, 422, 429, 503)
+_ERRORS = openapi.errors(400, 401, 403, 404, 408, 409, 413, 422, 429, 503)
 
 WaitQuery = Annotated[
     float | None,
@@ -152,20 +164,31 @@ async def submit(
     "/v1/jobs",
     response_model=JobList,
     responses=_ERRORS,
-    summary="List the caller's jobs, oldest first, by batch and state",
+    summary="List jobs, oldest first, by batch, state, model and tenant",
 )
 async def list_jobs(
     repo: Jobs,
-    tenant: Tenant,
+    caller: CallerOf,
     batch_id: Annotated[uuid.UUID | None, Query()] = None,
     state: Annotated[list[JobState] | None, Query()] = None,
+    model: Annotated[
+        str | None,
+        Query(max_length=256, description=f"The request's model ({DEFAULT_MODEL}: none named)"),
+    ] = None,
+    tenant: Annotated[
+        str | None,
+        Query(max_length=64, description="Another tenant's jobs: operator keys only (403)"),
+    ] = None,
     after: Annotated[uuid.UUID | None, Query(description="next_after of the last page")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> JobList:
+    """The caller's jobs, oldest first; an operator key's are every tenant's (``tenant=``
+    names one)."""
     page, more = await repo.page(
-        tenant,
+        caller.scope(tenant),
         batch_id=str(batch_id) if batch_id else None,
         states=state or [],
+        model=model,
         after=str(after) if after else None,
         limit=limit,
     )
@@ -221,6 +244,22 @@ async def get_job(
     return JSONResponse(answer.model_dump(mode="json"), headers=headers)
 
 
+@router.get(
+    "/v1/jobs/{job_id}/timeline",
+    response_model=JobTimeline,
+    responses=_ERRORS,
+    summary="Read a job's timeline",
+)
+async def job_timeline(
+    job_id: str, repo: Jobs, caller: CallerOf, webhooks: Webhooks
+) -> JobTimeline:
+    """When the job was accepted, dispatched, started and ended, why it ended, its tokens
+    and its webhook deliveries with their attempts. Reading it does not renew the job's
+    heartbeat lease. An operator key reads any tenant's job."""
+    job = await repo.get(caller.owner, _job_id(job_id))
+    return JobTimeline.of(job, await webhooks.for_subject(job.tenant, job.id))
+
+
 @router.post(
     "/v1/jobs/{job_id}/heartbeat",
     response_model=JobView,
@@ -239,9 +278,10 @@ async def heartbeat(job_id: str, repo: Jobs, tenant: Tenant) -> JobView:
     responses=_ERRORS,
     summary="Cancel a job",
     description="Writes cancelled at once; a running job is aborted in the engine within "
-    "a decode step. 409 job_terminal if the job already ended.",
+    "a decode step. 409 job_terminal if the job already ended. An operator key may cancel "
+    "any tenant's job.",
 )
-async def cancel_job(job_id: str, repo: Jobs, tenant: Tenant) -> JobView:
+async def cancel_job(job_id: str, repo: Jobs, caller: CallerOf) -> JobView:
     job_key = _job_id(job_id)
-    job = await retrying("job_cancel", lambda: repo.cancel(tenant, job_key), **IN_REQUEST)
+    job = await retrying("job_cancel", lambda: repo.cancel(caller.owner, job_key), **IN_REQUEST)
     return JobView.of(job, _status_url(job.id))

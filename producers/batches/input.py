@@ -18,7 +18,6 @@ from pydantic import ValidationError
 from plumbing.settings.api import ApiSettings
 from producers.batches.repository import BatchRequest, NewBatch
 from producers.files.checks import LineSplitter, SameBatch, json_line, validation_message
-from schemas.batch_lines import line_request
 from schemas.batches import (
     DEFAULT_WINDOW,
     MAX_BATCH_ERRORS,
@@ -31,6 +30,7 @@ from schemas.batches import (
     RequestLine,
     window_seconds,
 )
+from schemas.batches.lines import line_request
 from schemas.errors import InvalidRequest, SluicegateError
 from schemas.jobs import Priority, utf8_length
 from schemas.sampling import check_model

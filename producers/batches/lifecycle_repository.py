@@ -24,8 +24,8 @@ from producers.batches.repository import (
 )
 from producers.batches.results import result_lines
 from producers.files.repository import FileStore
-from schemas.batch_output import ResultPart, result_file_id
 from schemas.batches import Status, batch_status
+from schemas.batches.output import ResultPart, result_file_id
 from schemas.files import FileNotFound
 from schemas.jobs import Priority
 from schemas.states import TERMINAL_STATES

@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from plumbing.lock_store import locking_in_order
-from producers.jobs.repository import cancellable, cancelling, event_row
+from producers.jobs.repository import cancellable, cancelling, event_row, job_model
 from producers.jobs.submit_repository import new_job_id
 from schemas.batches import BatchTerminal, BatchView, batch_status, batch_view
 from schemas.errors import BatchNotFound, IdempotencyConflict
@@ -169,20 +169,38 @@ class BatchStore:
             )
         return await self._view(conn, new.tenant, str(row["id"]))
 
-    async def get(self, tenant: str, batch_id: str) -> BatchView:
+    async def get(self, tenant: str | None, batch_id: str) -> BatchView:
+        """The batch (of any tenant for None, an operator's read)."""
         async with self._engine.connect() as conn:
             return await self._view(conn, tenant, batch_id)
 
-    async def _view(self, conn: AsyncConnection, tenant: str, batch_id: str) -> BatchView:
+    async def _view(self, conn: AsyncConnection, tenant: str | None, batch_id: str) -> BatchView:
         row = await _batch(conn, tenant, batch_id)
         counts, _ = await batch_counts(conn, batch_id)
         return batch_view(row, counts)
 
     async def page(
-        self, tenant: str, *, after: str | None, limit: int
+        self,
+        tenant: str | None,
+        *,
+        after: str | None,
+        limit: int,
+        statuses: Sequence[str] = (),
+        model: str | None = None,
     ) -> tuple[list[BatchView], bool]:
-        """The tenant's batches, newest first, before the batch id ``after``."""
-        query = select(batches).where(batches.c.tenant == tenant)
+        """The tenant's batches (every tenant's for None), newest first, before the batch
+        id ``after``; of those ``statuses`` and with a job of ``model``, if given."""
+        query = select(batches)
+        if tenant is not None:
+            query = query.where(batches.c.tenant == tenant)
+        if statuses:
+            query = query.where(batches.c.status.in_(statuses))
+        if model is not None:
+            query = query.where(
+                select(jobs.c.id)
+                .where(jobs.c.batch_id == batches.c.id, job_model() == model)
+                .exists()
+            )
         if after is not None:
             query = query.where(batches.c.id < after)
         async with self._engine.connect() as conn:
@@ -276,10 +294,13 @@ async def held_by_tenant(conn: AsyncConnection) -> dict[str, int]:
     return {tenant: int(n) for tenant, n in rows.all()}
 
 
+
 async def _batch(
-    conn: AsyncConnection, tenant: str, batch_id: str, *, lock: bool = False
+    conn: AsyncConnection, tenant: str | None, batch_id: str, *, lock: bool = False
 ) -> Mapping[Any, Any]:
-    query = select(batches).where(batches.c.id == batch_id, batches.c.tenant == tenant)
+    query = select(batches).where(batches.c.id == batch_id)
+    if tenant is not None:
+        query = query.where(batches.c.tenant == tenant)
     if lock:
         query = query.with_for_update()
     row = (await conn.execute(query)).mappings().first()

@@ -8,7 +8,7 @@ import json
 from collections.abc import AsyncGenerator
 
 from producers.batches.repository import BatchStore
-from schemas.batch_output import ResultPart, in_part, result_line
+from schemas.batches.output import ResultPart, in_part, result_line
 
 RESULTS_CHUNK = 500
 

@@ -12,6 +12,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from producers.jobs.submit_repository import SubmitRepository
 from schemas import reasons
+from schemas.constants import DEFAULT_MODEL
 from schemas.envelopes import JobEvent
 from schemas.errors import JobAlreadyTerminal, JobNotFound
 from schemas.jobs import Job, job_from_row
@@ -61,7 +62,7 @@ class JobRepository(SubmitRepository):
         async with self._engine.connect() as conn:
             await conn.execute(select(1))
 
-    async def get(self, tenant: str, job_id: str) -> Job:
+    async def get(self, tenant: str | None, job_id: str) -> Job:
         async with self._engine.connect() as conn:
             row = (
                 (await conn.execute(select(jobs).where(_owned(tenant, job_id)))).mappings().first()
@@ -143,7 +144,7 @@ class JobRepository(SubmitRepository):
         """The job's state change, to the events topic through the outbox."""
         await conn.execute(insert(outbox).values(event_row(self._events_topic, job, at, code)))
 
-    async def cancel(self, tenant: str, job_id: str) -> Job:
+    async def cancel(self, tenant: str | None, job_id: str) -> Job:
         """Move a non-terminal job to ``cancelled``; a terminal one is a conflict."""
         now = datetime.now(UTC)
         async with self._engine.begin() as conn:
@@ -172,20 +173,26 @@ class JobRepository(SubmitRepository):
 
     async def page(
         self,
-        tenant: str,
+        tenant: str | None,
         *,
         batch_id: str | None,
         states: list[JobState],
         after: str | None,
         limit: int,
+        model: str | None = None,
     ) -> tuple[list[Job], bool]:
-        """The tenant's jobs, oldest first, after the job id ``after``; and whether more
-        follow."""
-        query = select(jobs).where(jobs.c.tenant == tenant)
+        """The tenant's jobs (every tenant's for None), oldest first, after the job id
+        ``after``; and whether more follow. ``model``: the request's model
+        (``constants.DEFAULT_MODEL``: those that named none)."""
+        query = select(jobs)
+        if tenant is not None:
+            query = query.where(jobs.c.tenant == tenant)
         if batch_id is not None:
             query = query.where(jobs.c.batch_id == batch_id)
         if states:
             query = query.where(jobs.c.state.in_([s.value for s in states]))
+        if model is not None:
+            query = query.where(job_model() == model)
         if after is not None:
             query = query.where(jobs.c.id > after)
         query = query.order_by(jobs.c.id).limit(limit + 1)
@@ -235,6 +242,11 @@ class JobRepository(SubmitRepository):
         )
 
 
+def job_model() -> ColumnElement[str]:
+    """A job's model as lists and metrics name it: its request's, else the default."""
+    return func.coalesce(jobs.c.params["model"].astext, DEFAULT_MODEL)
+
+
 def cancellable() -> ColumnElement[bool]:
     """A job that a cancel may still end."""
     return jobs.c.state.in_([s.value for s in CANCELLABLE_STATES])
@@ -271,5 +283,8 @@ def event_row(topic: str, job: Job, at: datetime, code: str) -> dict[str, object
     return event.outbox_row(topic, job.id)
 
 
-def _owned(tenant: str, job_id: str) -> ColumnElement[bool]:
+def _owned(tenant: str | None, job_id: str) -> ColumnElement[bool]:
+    """The job ``job_id`` of ``tenant`` (None: of any tenant, for an operator)."""
+    if tenant is None:
+        return jobs.c.id == job_id
     return and_(jobs.c.id == job_id, jobs.c.tenant == tenant)

@@ -27,6 +27,9 @@ from producers.retention.repository import RetentionStore
 
 log = logging.getLogger(__name__)
 
+# A worker row not written for this long is one of a worker that died: its row goes.
+WORKER_GONE_S = 3600.0
+
 Step = Callable[[datetime, int], Awaitable[int]]
 
 
@@ -49,11 +52,13 @@ class Pruner:
         s, store = self._settings, self._store
         outbox_cutoff = now - timedelta(seconds=s.retention_outbox_s)
         ended_cutoff = now - timedelta(seconds=s.retention_ended_s)
+        workers_cutoff = now - timedelta(seconds=WORKER_GONE_S)
         done = {
             "outbox": await self._drain(store.outbox, outbox_cutoff, stop),
             "jobs": await self._drain(store.single_jobs, ended_cutoff, stop),
             "webhook_deliveries": await self._drain(store.deliveries, ended_cutoff, stop),
             "dead_letters": await self._drain(store.dead_letters, ended_cutoff, stop),
+            "workers": await self._drain(store.workers, workers_cutoff, stop),
         }
         batch_jobs, batches = await self._batches(ended_cutoff, stop)
         done["jobs"] += batch_jobs

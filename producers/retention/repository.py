@@ -12,7 +12,7 @@ from sqlalchemy import Table, delete, exists, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.selectable import ScalarSelect
 
-from schemas.batch_output import result_file_id
+from schemas.batches.output import result_file_id
 from schemas.states import TERMINAL_STATES
 from schemas.tables import (
     batches,
@@ -22,6 +22,7 @@ from schemas.tables import (
     outbox,
     webhook_attempts,
     webhook_deliveries,
+    workers,
 )
 
 _TERMINAL = [s.value for s in TERMINAL_STATES]
@@ -130,3 +131,14 @@ class RetentionStore:
             .with_for_update(skip_locked=True)
         )
         return await self._delete(dead_letters, picked.scalar_subquery())
+
+    async def workers(self, cutoff: datetime, limit: int) -> int:
+        """Rows of workers not seen since ``cutoff`` (gone without a clean stop)."""
+        picked = (
+            select(workers.c.id)
+            .where(workers.c.seen_at < cutoff)
+            .order_by(workers.c.seen_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        return await self._delete(workers, picked.scalar_subquery())

@@ -9,11 +9,36 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from dataclasses import dataclass
 
-from schemas.errors import InvalidRequest
+from schemas.errors import InvalidRequest, OperatorOnly
 
 _TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _KEY = re.compile(r"^sk_([0-9a-f]{12})_[A-Za-z0-9_-]{20,128}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Caller:
+    """Who calls: the key's tenant, and whether the key is an operator's (it sees every
+    tenant's jobs and batches and may filter them by tenant)."""
+
+    tenant: str
+    operator: bool = False
+
+    def scope(self, tenant: str | None) -> str | None:
+        """The tenant a list is limited to for a ``tenant=`` filter: a plain key always its
+        own (another tenant's name is ``OperatorOnly``), an operator key the one named or
+        every tenant (None)."""
+        if self.operator:
+            return tenant
+        if tenant is not None and tenant != self.tenant:
+            raise OperatorOnly(f"only an operator key may list tenant {tenant}'s jobs")
+        return self.tenant
+
+    @property
+    def owner(self) -> str | None:
+        """The tenant one job or batch must belong to (None: any, for an operator)."""
+        return None if self.operator else self.tenant
 
 
 def hash_key(key: str) -> str:

@@ -74,6 +74,21 @@ class WebhookStore:
             rows = (await conn.execute(query)).mappings().all()
         return [delivery_view(delivery_from_row(r)) for r in rows[:limit]], len(rows) > limit
 
+    async def for_subject(self, tenant: str, subject: str) -> list[DeliveryDetail]:
+        """The tenant's deliveries about one job or batch, oldest first, with attempts."""
+        async with self._engine.connect() as conn:
+            ids = (
+                await conn.scalars(
+                    select(webhook_deliveries.c.id)
+                    .where(
+                        webhook_deliveries.c.tenant == tenant,
+                        webhook_deliveries.c.subject == subject,
+                    )
+                    .order_by(webhook_deliveries.c.id)
+                )
+            ).all()
+        return [await self.delivery(tenant, delivery_id) for delivery_id in ids]
+
     async def delivery(self, tenant: str, delivery_id: str) -> DeliveryDetail:
         async with self._engine.connect() as conn:
             row = (

@@ -1,4 +1,4 @@
-"""``sluicegate keys``: make or revoke API keys in the database of the stack in use: the
+"""``sluicegate keys``: make, list or revoke API keys in the database of the stack in use: the
 configured SLUICEGATE_DATABASE_URL, else the local stack running on the data directory."""
 
 from __future__ import annotations
@@ -7,11 +7,13 @@ import argparse
 import asyncio
 import sys
 
+from rich.console import Console
+from rich.table import Table
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from plumbing.db import make_engine
 from plumbing.settings import Settings
-from producers.tenancy.repository import KeyStore
+from producers.tenancy.repository import KeyInfo, KeyStore
 from sluicegate.local import info as stack_info
 
 
@@ -45,7 +47,10 @@ async def _keys(url: str, args: argparse.Namespace) -> int:
     try:
         store = KeyStore(db)
         if args.keys_command == "create":
-            print(await store.create(args.tenant, name=args.name))
+            print(await store.create(args.tenant, name=args.name, operator=args.operator))
+            return 0
+        if args.keys_command == "list":
+            _print_keys(await store.list())
             return 0
         if await store.revoke(args.key_id):
             print(f"revoked {args.key_id}")
@@ -54,3 +59,20 @@ async def _keys(url: str, args: argparse.Namespace) -> int:
         return 1
     finally:
         await db.dispose()
+
+
+def _print_keys(keys: list[KeyInfo]) -> None:
+    table = Table("id", "tenant", "name", "operator", "created", "revoked", box=None)
+    for key in keys:
+        table.add_row(
+            key.id,
+            key.tenant,
+            key.name or "",
+            "yes" if key.operator else "",
+            f"{key.created_at:%Y-%m-%d %H:%M:%S}",
+            f"{key.revoked_at:%Y-%m-%d %H:%M:%S}" if key.revoked_at else "",
+        )
+    if keys:
+        Console(width=200).print(table)
+    else:
+        print("no keys")

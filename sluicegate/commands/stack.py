@@ -82,15 +82,20 @@ def _demo_documents(settings: Settings, directory: Path | None) -> list[tuple[st
 
 
 async def _local_key(stack: Stack) -> str | None:
-    """With keys on, the key this machine's clients use: made once, kept in data_dir."""
+    """With keys on, the key this machine's clients use: made once, kept in data_dir. An
+    operator key (it sees every tenant), so the local page and `status` show everything;
+    a key made before operator keys existed is made one."""
     settings = stack.settings
     if settings.auth != "api_key":
         return None
-    if (key := local_key.read_key(settings)) is not None:
-        return key
+    key = local_key.read_key(settings)
     db = make_engine(stack.database_url, pool_size=1)
     try:
-        key = await KeyStore(db).create(constants.DEFAULT_TENANT, name="local stack")
+        store = KeyStore(db)
+        if key is not None:
+            await store.grant_operator(key)
+            return key
+        key = await store.create(constants.DEFAULT_TENANT, name="local stack", operator=True)
     finally:
         await db.dispose()
     local_key.write_key(settings, key)

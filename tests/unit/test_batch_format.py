@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from schemas.batch_output import in_part, result_file_id, result_line
 from schemas.batches import (
     CreateBatch,
     InvalidCompletionWindow,
@@ -17,6 +16,7 @@ from schemas.batches import (
     line_job,
     window_seconds,
 )
+from schemas.batches.output import in_part, result_file_id, result_line
 from schemas.jobs import Job, JobKind, Priority
 from schemas.states import JobState
 

@@ -14,8 +14,8 @@ from plumbing.settings import Settings
 from producers.batches.input import requests_of
 from producers.jobs.submission import new_job, request_hash
 from schemas.api import SubmitJob
-from schemas.batch_lines import RequestLine, line_request
 from schemas.batches import InvalidBatch
+from schemas.batches.lines import RequestLine, line_request
 from schemas.jobs import JobKind
 from schemas.sampling import ModelNotFound, check_model, sampling_params
 from workers.engines.base import GenerationRequest, SamplingParams, openai_sampling

@@ -21,9 +21,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
-from schemas.batch_lines import ENDPOINTS as ENDPOINTS  # re-exported
-from schemas.batch_lines import RequestLine as RequestLine
-from schemas.batch_lines import line_job as line_job
+from schemas.batches.lines import ENDPOINTS as ENDPOINTS  # re-exported
+from schemas.batches.lines import RequestLine as RequestLine
+from schemas.batches.lines import line_job as line_job
 from schemas.errors import InvalidRequest, SluicegateError
 from schemas.states import TERMINAL_STATES, JobState
 
@@ -46,6 +46,7 @@ Status = Literal[
 # The statuses a batch no longer leaves.
 ENDED_STATUSES = ("failed", "completed", "expired", "cancelled")
 MAX_BATCH_ERRORS = 1000  # the lines a failed batch's errors.data names, at most
+BatchStatus = Status  # the list filter\'s name for it
 
 
 class InvalidBatch(InvalidRequest):

@@ -1,0 +1,77 @@
+"""GET /v1/overview: admission and the lag, jobs by model and state, drops by reason, and
+the workers with their capacity (``schemas.overview``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from producers.api import openapi
+from producers.api.deps import Admission, AppSettings, CallerOf, Overviews
+from schemas.overview import AdmissionView, DropCount, JobCount, Overview, WorkerView
+
+DEFAULT_WINDOW_S = 300
+MAX_WINDOW_S = 86_400
+# A worker row not written for this many report intervals is shown as stale.
+STALE_INTERVALS = 3
+
+router = APIRouter(tags=["overview"])
+
+
+@router.get(
+    "/v1/overview",
+    response_model=Overview,
+    responses=openapi.errors(401, 422, 503),
+    summary="The pipeline at a glance",
+)
+async def overview(
+    store: Overviews,
+    caller: CallerOf,
+    admission: Admission,
+    settings: AppSettings,
+    window_s: Annotated[
+        int, Query(ge=1, le=MAX_WINDOW_S, description="Ended jobs and drops of this many s")
+    ] = DEFAULT_WINDOW_S,
+) -> Overview:
+    """Admission as a normal-priority submit meets it, the jobs by model and state (those
+    not ended, and those ended within ``window_s``), the drops by reason within it, and the
+    workers that report themselves. Jobs and drops are the caller's tenant's, every
+    tenant's for an operator key."""
+    scope = None if caller.operator else caller.tenant
+    status = admission.status()
+    stale_s = STALE_INTERVALS * settings.worker_report_s
+    return Overview(
+        generated_at=time.time(),
+        window_s=window_s,
+        operator=caller.operator,
+        admission=AdmissionView(
+            state=status.state,
+            lag=status.lag,
+            lag_soft=status.lag_soft,
+            lag_hard=status.lag_hard,
+            reading_age_s=status.reading_age_s,
+            retry_after_s=status.retry_after_s,
+        ),
+        jobs=[
+            JobCount(model=m, state=s, count=n)
+            for m, s, n in await store.job_counts(scope, window_s)
+        ],
+        drops=[
+            DropCount(state=s, reason=r, count=n) for s, r, n in await store.drops(scope, window_s)
+        ],
+        workers=[
+            WorkerView(
+                id=w.id,
+                model=w.model,
+                engine=w.engine,
+                capacity=w.capacity,
+                running=w.running,
+                kv_usage=w.kv_usage,
+                last_seen_s=round(w.age_s, 3),
+                stale=w.age_s > stale_s,
+            )
+            for w in await store.workers()
+        ],
+    )

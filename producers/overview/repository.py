@@ -1,0 +1,71 @@
+"""The overview's SQL: jobs by model and state (not ended, and ended in a window), drops by
+reason, and the workers' rows (``workers``, written by ``workers.presence``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from producers.jobs.repository import job_model
+from schemas.states import TERMINAL_STATES, JobState
+from schemas.tables import jobs, workers
+
+_TERMINAL = [s.value for s in TERMINAL_STATES]
+_DROPS = [JobState.EXPIRED.value, JobState.CANCELLED.value, JobState.ABANDONED.value]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerRow:
+    id: str
+    model: str
+    engine: str
+    capacity: int
+    running: int
+    kv_usage: float | None
+    started_at: datetime
+    seen_at: datetime
+    age_s: float  # since seen_at, by the database's clock
+
+
+class OverviewStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def job_counts(self, tenant: str | None, window_s: float) -> list[tuple[str, str, int]]:
+        """(model, state, count): the jobs not ended, and those ended in the window."""
+        model = job_model().label("model")
+        ended_since = func.now() - timedelta(seconds=window_s)
+        live = select(model, jobs.c.state, func.count()).where(jobs.c.state.not_in(_TERMINAL))
+        ended = select(model, jobs.c.state, func.count()).where(jobs.c.finished_at > ended_since)
+        if tenant is not None:
+            live, ended = live.where(jobs.c.tenant == tenant), ended.where(jobs.c.tenant == tenant)
+        async with self._engine.connect() as conn:
+            rows = [
+                *(await conn.execute(live.group_by(model, jobs.c.state))).all(),
+                *(await conn.execute(ended.group_by(model, jobs.c.state))).all(),
+            ]
+        return sorted((str(m), str(s), int(n)) for m, s, n in rows)
+
+    async def drops(self, tenant: str | None, window_s: float) -> list[tuple[str, str, int]]:
+        """(state, reason, count) of the jobs dropped in the window, most first."""
+        reason = func.coalesce(jobs.c.error["reason"].astext, jobs.c.state).label("reason")
+        query = select(jobs.c.state, reason, func.count()).where(
+            jobs.c.finished_at > func.now() - timedelta(seconds=window_s),
+            jobs.c.state.in_(_DROPS),
+        )
+        if tenant is not None:
+            query = query.where(jobs.c.tenant == tenant)
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(query.group_by(jobs.c.state, reason))).all()
+        return sorted(((str(s), str(r), int(n)) for s, r, n in rows), key=lambda d: -d[2])
+
+    async def workers(self) -> list[WorkerRow]:
+        age = func.extract("epoch", func.now() - workers.c.seen_at).label("age_s")
+        async with self._engine.connect() as conn:
+            rows = (
+                (await conn.execute(select(workers, age).order_by(workers.c.id))).mappings().all()
+            )
+        return [WorkerRow(**{**dict(r), "age_s": float(r["age_s"])}) for r in rows]

@@ -1,0 +1,42 @@
+"""A worker's row in ``workers``: written every ``worker_report_s``, deleted at a clean
+stop (``workers.presence``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from sqlalchemy import delete, func
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from schemas.tables import workers
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerReport:
+    id: str
+    model: str
+    engine: str
+    capacity: int
+    running: int
+    kv_usage: float | None
+
+
+class PresenceRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def report(self, report: WorkerReport) -> None:
+        values = asdict(report)
+        upsert = insert(workers).values(**values)
+        changed = {k: v for k, v in values.items() if k != "id"}
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=[workers.c.id], set_={**changed, "seen_at": func.now()}
+                )
+            )
+
+    async def leave(self, worker_id: str) -> None:
+        async with self._engine.begin() as conn:
+            await conn.execute(delete(workers).where(workers.c.id == worker_id))
