@@ -316,7 +316,8 @@ def _response_body(endpoint: str, job: Job) -> dict[str, Any]:
     }
     finish = "length" if output_tokens >= job.max_tokens else "stop"
     created = int((job.finished_at or job.created_at).timestamp())
-    model = str(result.get("model") or result.get("engine", ""))  # as asked, else the engine
+    # The model that made it (as its engine names it), else as asked, else the engine.
+    model = str(result.get("served_model") or result.get("model") or result.get("engine", ""))
     if endpoint == "/v1/chat/completions":
         return {
             "id": f"chatcmpl-{job.id}",

@@ -183,6 +183,7 @@ async def run_worker(
             if on_worker is not None:
                 on_worker(worker)
             await worker.run(stop)
+            executor.fenced.flush()  # the last burst, before the process ends
         finally:
             control_stop.set()  # after the drain: jobs still decoding can be stopped
             await control_task
