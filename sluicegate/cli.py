@@ -73,8 +73,9 @@ def _stack_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--engine",
         choices=ENGINES,
         default=None,
-        help="the workers' engine (default: SLUICEGATE_ENGINE, else sim); llamacpp runs a "
-        "llama.cpp server with the pulled model for each worker",
+        help="the workers' engine (default: SLUICEGATE_ENGINE, else llamacpp, the real model, "
+        "once `sluicegate model pull` has run, else sim, whose output is simulated); llamacpp "
+        "runs a llama.cpp server with the pulled model for each worker",
     )
     up.add_argument("--broker", choices=BROKERS, default=None, help=BROKER_HELP)
     dm = sub.add_parser("demo", help="run the stack, summarize documents, print the results")
