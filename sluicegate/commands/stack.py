@@ -272,10 +272,11 @@ async def _demo(
     try:
         with console.status("starting the local stack (PostgreSQL, broker, API, workers)"):
             key = await _start(stack)
-        console.print(f"engine: {engine_line(stack)}")
-        console.print(f"broker: {broker_line(stack)}")
+        for label, line in (("engine", engine_line(stack)), ("broker", broker_line(stack))):
+            console.print(f"{label}: {line}", highlight=False, soft_wrap=True)  # URLs unbroken
+        results = settings.data_dir / "demo" / "results.jsonl"
         run = asyncio.ensure_future(
-            demo.run_demo(stack.api_url, docs, console=console, api_key=key)
+            demo.run_demo(stack.api_url, docs, console=console, api_key=key, results=results)
         )
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait([run, stopper], return_when=asyncio.FIRST_COMPLETED)
