@@ -51,7 +51,7 @@ def jobs(count: int, *, simulated: bool = False) -> list[Tracked]:
 def test_a_summary_is_cut_to_a_line_or_two() -> None:
     assert short("a  b\n\nc") == "a b c"
     cut = short(LONG)
-    assert len(cut) == 120
+    assert len(cut) <= 120
     assert cut.endswith("…")
     assert LONG.startswith(cut[:-1])
 
