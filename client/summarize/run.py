@@ -107,7 +107,7 @@ async def _batch(
     an earlier one with the same input (the Idempotency-Key finds it), or a new one."""
     out, requests = options.out, found.requests
     fingerprint = digest(requests, options.window)
-    if (batch := await _resumed(client, out, fingerprint, options.new)) is not None:
+    if (batch := await _resumed(client, out, fingerprint, options.new, have)) is not None:
         counts = batch.request_counts
         console.print(
             f"resuming batch {batch.id} (submitted {_age(batch)} ago, deadline "
@@ -147,11 +147,12 @@ async def _batch(
 
 
 async def _resumed(
-    client: SluicegateClient, out: Path, fingerprint: str, new: bool
+    client: SluicegateClient, out: Path, fingerprint: str, new: bool, have: int
 ) -> BatchView | None:
     """The batch recorded beside ``out`` when this run goes on with it: always without
-    ``--new``; with it, when a ``--new`` run made it and it has not ended (an interrupted
-    ``--new`` run is resumed by the same command)."""
+    ``--new``; with it, when a ``--new`` run made it and it has not ended or ``out`` does
+    not hold all its results yet (an interrupted ``--new`` run is resumed by the same
+    command)."""
     resume = Resume.load(out)
     if resume is None or (new and not resume.new):
         return None
@@ -163,8 +164,8 @@ async def _resumed(
             f"or remove {out} and {Resume.path(out)}"
         )
     batch = await client.get_batch(resume.batch_id)
-    if new and batch.status in ENDED:
-        return None
+    if new and batch.status in ENDED and have >= batch.request_counts.total:
+        return None  # that run is over: --new makes another
     return batch
 
 
