@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from client.api import RetryPolicy, SluicegateClient
 from client.summarize.documents import Skipped, read_path
@@ -18,6 +20,8 @@ from schemas.api import JobView
 from schemas.jobs import JobKind
 
 POLL_S = 0.2
+SUMMARY_CHARS = 120
+"""A summary in the table: a line or two (the full text is in the results file)."""
 
 
 @dataclass
@@ -75,26 +79,57 @@ async def follow(client: SluicegateClient, jobs: list[Tracked], console: Console
             await asyncio.sleep(POLL_S)
 
 
+def short(text: str, limit: int = SUMMARY_CHARS) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+def _summary(view: JobView | None) -> str:
+    """A job's full summary (or its error's message)."""
+    if view is not None and view.result is not None:
+        return str(view.result.get("text", "")).strip()
+    if view is not None and view.error is not None:
+        return str(view.error.get("message", ""))
+    return ""
+
+
 def results_table(jobs: list[Tracked]) -> Table:
-    table = Table(title="Summaries", show_lines=True)
-    table.add_column("document")
+    """One short row a document: the summary cut to a line or two (the full text is in
+    the results file ``write_results`` makes)."""
+    simulated = any(j.view and j.view.result and j.view.result.get("simulated") for j in jobs)
+    title = "Summaries (simulated: the simulator echoes its input)" if simulated else "Summaries"
+    table = Table(title=title)
+    table.add_column("document", overflow="fold")
     table.add_column("state")
     table.add_column("end-to-end", justify="right")
-    table.add_column("summary")
+    table.add_column("summary", ratio=1)
     for job in jobs:
         view = job.view
-        text = ""
-        if view is not None and view.result is not None:
-            text = str(view.result.get("text", "")).strip()
-            if view.result.get("simulated"):
-                text = f"[dim](simulator engine)[/dim] {text}"
-        elif view is not None and view.error is not None:
-            text = str(view.error.get("message", ""))
         elapsed = ""
         if view is not None and view.finished_at is not None:
             elapsed = f"{(view.finished_at - view.created_at).total_seconds():.2f}s"
-        table.add_row(job.name, view.state.value if view else "?", elapsed, text)
+        state = view.state.value if view else "?"
+        table.add_row(job.name, state, elapsed, Text(short(_summary(view))))
     return table
+
+
+def write_results(jobs: list[Tracked], path: Path) -> None:
+    """Each document's job, state and full summary, one JSON line each."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for job in jobs:
+            view, result = job.view, (job.view.result if job.view else None) or {}
+            line = {
+                "document": job.name,
+                "job_id": job.job_id,
+                "state": view.state.value if view else None,
+                "summary": _summary(view),
+                "engine": result.get("engine"),
+                "served_model": result.get("served_model"),
+                "simulated": result.get("simulated"),
+            }
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
 async def run_demo(
@@ -105,10 +140,15 @@ async def run_demo(
     api_key: str | None = None,
     max_tokens: int = 120,
     ttl_s: float = 600.0,
+    results: Path | None = None,
 ) -> list[Tracked]:
+    """Submit, follow, and print the table; the full summaries go to ``results`` (JSONL)."""
     async with SluicegateClient(api_url, api_key=api_key, retry=RetryPolicy()) as client:
         jobs = await submit_all(client, documents, max_tokens=max_tokens, ttl_s=ttl_s)
         console.print(f"submitted {len(jobs)} documents to {api_url}")
         await follow(client, jobs, console)
     console.print(results_table(jobs))
+    if results is not None:
+        write_results(jobs, results)
+        console.print(f"full summaries in {results}", highlight=False, soft_wrap=True)
     return jobs

@@ -11,6 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from plumbing.db import make_engine
+from plumbing.logs import uvicorn_log_config
 from plumbing.metrics import serve as serve_metrics
 from plumbing.settings import Settings
 from producers.api.app import create_app
@@ -54,6 +55,7 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
             port=settings.api_port,
             workers=processes,
             log_level=settings.log_level.lower(),
+            log_config=uvicorn_log_config(),
             limit_concurrency=settings.api_max_connections,
             timeout_graceful_shutdown=settings.api_shutdown_timeout_s,
         )
@@ -63,6 +65,7 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
         host=settings.api_host,
         port=settings.api_port,
         log_level=settings.log_level.lower(),
+        log_config=uvicorn_log_config(),
         limit_concurrency=settings.api_max_connections,
         timeout_graceful_shutdown=settings.api_shutdown_timeout_s,
     )

@@ -32,9 +32,11 @@ The local stack keeps its data, API key and logs in SLUICEGATE_DATA_DIR
 
 SUMMARIZE_HELP = """\
 Summarize a folder of .txt/.md files (or an OpenAI Batch JSONL file) as one batch on a running
-stack, writing OpenAI Batch output lines to --out as they finish. Rerun the same command to
-resume. Each file is one document: UTF-8 (a BOM is fine) or UTF-16 with a BOM, up to
-SLUICEGATE_MAX_INPUT_BYTES (256 KiB by default). Files that cannot be read (undecodable,
+stack, writing OpenAI Batch output lines to --out (its folder made if missing) as they
+finish. Rerun the same command to resume. Only .txt and .md files are read; other files
+(README, .json, .rst, ...) are passed over and named. Each file is one document: UTF-8 (a BOM
+is fine) or UTF-16 with a BOM, up to SLUICEGATE_MAX_INPUT_BYTES (256 KiB by default), or in
+--encoding when it is neither. Files that cannot be read (undecodable,
 empty, blank, binary, too large, unreadable) are skipped, named with the reason and listed
 in <out stem>.skipped.jsonl; --strict refuses the run instead.
 
@@ -77,8 +79,9 @@ def _stack_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--engine",
         choices=ENGINES,
         default=None,
-        help="the workers' engine (default: SLUICEGATE_ENGINE, else sim); llamacpp runs a "
-        "llama.cpp server with the pulled model for each worker",
+        help="the workers' engine (default: SLUICEGATE_ENGINE, else llamacpp, the real model, "
+        "once `sluicegate model pull` has run, else sim, whose output is simulated); llamacpp "
+        "runs a llama.cpp server with the pulled model for each worker",
     )
     up.add_argument("--broker", choices=BROKERS, default=None, help=BROKER_HELP)
     dm = sub.add_parser("demo", help="run the stack, summarize documents, print the results")
@@ -121,7 +124,10 @@ def _client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--max-tokens", type=int, default=128, help="a summary's length (default: %(default)s)"
     )
     su.add_argument(
-        "--encoding", default=None, help="read every file in this encoding (e.g. cp1252)"
+        "--encoding",
+        default=None,
+        help="read the files that are neither UTF-8 nor UTF-16 with a BOM in this encoding "
+        "(e.g. cp1252)",
     )
     su.add_argument(
         "--strict", action="store_true", help="refuse the run if any file would be skipped"
@@ -129,7 +135,8 @@ def _client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     su.add_argument(
         "--new",
         action="store_true",
-        help="submit a new batch even if the same input was submitted before",
+        help="submit a new batch even if the same input was submitted before (the same "
+        "command again resumes it while it runs)",
     )
     su.add_argument("--api", default=None, help=api_help)
 

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 from collections.abc import Awaitable, Callable
 
+from plumbing import logs
 from plumbing.settings import Settings
 
 
-def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s",
-    )
-    for noisy in ("aiokafka", "httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    # A few lines per rebalance: joins, the elected leader, revoked and assigned partitions.
-    logging.getLogger("aiokafka.consumer.group_coordinator").setLevel(logging.INFO)
+def configure_logging(settings: Settings, role: str) -> None:
+    """Log at ``log_level``, each line naming this process: ``process_name`` when the
+    stack gave it one (``worker-1``), else ``role``."""
+    logs.configure(settings.log_level, settings.process_name or role)
 
 
 def run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
+from plumbing.logs import Tally
 from plumbing.retry import Stopped, retrying
 from schemas import reasons
 from schemas.states import JobState
@@ -67,6 +68,12 @@ class Executor:
         self.control = control
         self._predecode = predecode
         self._takeover_grace_s = takeover_grace_s
+        # A batch cancel fences off every attempt of its running jobs at once: one line.
+        self.fenced = Tally(
+            log,
+            "{count} job attempts were fenced off in {seconds:.1f}s (their jobs were cancelled, "
+            "expired or taken over elsewhere); their results were dropped",
+        )
 
     async def claim(
         self, job_ids: list[str], stop: asyncio.Event | None = None
@@ -209,7 +216,8 @@ class Executor:
             "output_tokens": len(pieces),
         }
         if job.sampling is not None and job.sampling.model is not None:
-            result["model"] = job.sampling.model  # the model asked for: output lines report it
+            result["model"] = job.sampling.model  # the name asked for
+        result["served_model"] = self._engine.served_model  # the model that made it
         written = await self._finish(
             job, JobState.SUCCEEDED, result=result, decoded_tokens=len(pieces), at=ended
         )
@@ -257,7 +265,7 @@ class Executor:
             JOBS_FINISHED.labels(state=state.value).inc()
             JOB_SECONDS.observe((datetime.now(UTC) - job.created_at).total_seconds())
         else:
-            log.info("job %s attempt %d was fenced off; result dropped", job.id, job.attempt)
+            self.fenced.add("job %s attempt %d was fenced off; result dropped", job.id, job.attempt)
         return written
 
     async def _retrying(

@@ -105,13 +105,6 @@ def build_predecode(worker: WorkerSettings, gate: PullGate) -> PreDecodeGate:
     )
 
 
-def served_model(settings: Settings) -> str:
-    """The model the worker's engine serves: vLLM's ``vllm_model``, else the engine's name
-    (which is what the simulator's and llama.cpp's results report)."""
-    engine = settings.worker.engine
-    return settings.engines.vllm.vllm_model if engine.startswith("vllm") else engine
-
-
 def build_presence(
     settings: Settings, db: AsyncEngine, engine: InferenceEngine, gate: PullGate
 ) -> Presence:
@@ -119,7 +112,7 @@ def build_presence(
     return Presence(
         PresenceRepository(db),
         worker=worker_id(own.worker_group_instance_id),
-        model=served_model(settings),
+        model=engine.served_model,  # as the started engine names it
         engine=engine,
         gate=gate,
         interval_s=own.worker_report_s,
@@ -215,6 +208,7 @@ async def run_worker(
             finally:
                 presence_stop.set()
                 await presence
+                executor.fenced.flush()  # the last burst, before the process ends
         finally:
             control_stop.set()  # after the drain: jobs still decoding can be stopped
             await control_task

@@ -36,6 +36,7 @@ class Counting:
     jobs whose output it finished."""
 
     name = "sim"
+    served_model = "sim"
 
     def __init__(self, engine: SimEngine) -> None:
         self.engine = engine

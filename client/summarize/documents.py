@@ -2,15 +2,20 @@
 and the reason, never a traceback and never a guess.
 
 Text is UTF-8 (a byte-order mark is dropped) or UTF-16 with its byte-order mark; any other
-bytes are skipped as ``undecodable`` unless an ``encoding`` is given for the whole folder
+bytes are skipped as ``undecodable`` unless an ``encoding`` is given for the folder
 (``--encoding cp1252``), because a wrong guess would be summarized as garbage without a word.
+The encoding is for those files only: a file that is valid UTF-8, or UTF-16 with a BOM, is
+read as that whatever ``encoding`` says.
+
+Only ``.txt`` and ``.md`` files are read; the others under the folder (``README``, ``.json``,
+``.rst``...) are passed over, and named in ``Folder.passed_over`` so the run can say so.
 """
 
 from __future__ import annotations
 
 import codecs
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DOCUMENT_SUFFIXES = frozenset({".txt", ".md"})
@@ -37,6 +42,22 @@ class Skipped:
 class Folder:
     documents: list[Document]
     skipped: list[Skipped]
+    passed_over: list[str] = field(default_factory=list)  # files of other kinds, not read
+
+
+def suffixes_text(joiner: str = " or ") -> str:
+    """``.txt or .md``: the kinds of file read, for messages."""
+    return joiner.join(sorted(DOCUMENT_SUFFIXES, reverse=True))
+
+
+def passed_over_in(directory: Path) -> list[str]:
+    """The files under ``directory`` that are not read (not .txt or .md), by their path
+    under it."""
+    return sorted(
+        p.relative_to(directory).as_posix()
+        for p in directory.rglob("*")
+        if p.suffix.lower() not in DOCUMENT_SUFFIXES and p.is_file()
+    )
 
 
 def files_in(directory: Path) -> list[Path]:
@@ -48,10 +69,11 @@ def files_in(directory: Path) -> list[Path]:
 
 
 def read_folder(directory: Path, *, max_bytes: int, encoding: str | None = None) -> Folder:
-    return _folder(
+    folder = _folder(
         read_document(path, path.relative_to(directory).as_posix(), max_bytes, encoding)
         for path in files_in(directory)
     )
+    return Folder(folder.documents, folder.skipped, passed_over_in(directory))
 
 
 def read_path(path: Path, name: str, *, max_bytes: int, encoding: str | None = None) -> Folder:
@@ -106,12 +128,18 @@ def read_document(
 
 
 def decode(data: bytes, encoding: str | None = None) -> str:
-    """The text of a file: in ``encoding`` if one is given, else UTF-8 or BOM-marked UTF-16."""
-    if encoding is not None:
+    """The text of a file: UTF-16 when it starts with its BOM, else UTF-8 when it is valid
+    UTF-8, else in ``encoding`` (if one is given). UnicodeDecodeError when none fits."""
+    own = "utf-16" if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else "utf-8-sig"
+    try:
+        text = data.decode(own)
+    except UnicodeDecodeError:
+        if encoding is None:
+            raise
         return data.decode(encoding)
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return data.decode("utf-16")
-    return data.decode("utf-8-sig")
+    if encoding is not None and own != "utf-16" and "\x00" in text:
+        return data.decode(encoding)  # NUL bytes: a wide encoding without its BOM (utf-16-le)
+    return text
 
 
 def _undecodable(exc: UnicodeDecodeError, encoding: str | None) -> str:

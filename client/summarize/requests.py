@@ -17,7 +17,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from client.summarize.documents import DOCUMENT_SUFFIXES, Folder, Skipped, decode, read_path
+from client.summarize.documents import (
+    DOCUMENT_SUFFIXES,
+    Folder,
+    Skipped,
+    decode,
+    read_path,
+    suffixes_text,
+)
 
 SUMMARIZE_URL = "/v1/summarize"
 
@@ -32,6 +39,7 @@ class Input:
 
     requests: list[dict[str, Any]]
     skipped: list[Skipped] = field(default_factory=list)
+    passed_over: list[str] = field(default_factory=list)  # files not .txt/.md, not read
 
 
 def build_requests(
@@ -50,7 +58,7 @@ def build_requests(
             }
             for doc in folder.documents
         ]
-        return Input(requests, folder.skipped)
+        return Input(requests, folder.skipped, folder.passed_over)
     if not path.exists():
         raise InputError(f"{path} does not exist")
     if not path.is_file():
@@ -61,8 +69,16 @@ def build_requests(
 def _read(path: Path, max_bytes: int, encoding: str | None) -> Folder:
     folder = read_path(path, path.name, max_bytes=max_bytes, encoding=encoding)
     if not folder.documents and not folder.skipped:
-        raise InputError(f"no .txt or .md files under {path}")
+        others = folder.passed_over
+        said = f"; passed over {passed_over_text(others)}" if others else ""
+        raise InputError(f"no {suffixes_text()} files under {path} (only those are read){said}")
     return folder
+
+
+def passed_over_text(names: list[str], examples: int = 3) -> str:
+    """``3 other files (README, data.json, notes.rst)``, or ``12 other files (a, b, c, ...)``."""
+    shown = ", ".join(names[:examples]) + (", ..." if len(names) > examples else "")
+    return f"{len(names):,} other file{'s' if len(names) != 1 else ''} ({shown})"
 
 
 def _jsonl_requests(path: Path, encoding: str | None) -> list[dict[str, Any]]:
@@ -108,6 +124,7 @@ class Resume:
     digest: str
     created_at: str | None = None
     deadline: str | None = None
+    new: bool = False  # made by a --new run: the same command resumes it until it has ended
 
     @staticmethod
     def path(out: Path) -> Path:
@@ -123,6 +140,7 @@ class Resume:
                 digest=str(data["digest"]),
                 created_at=data.get("created_at"),
                 deadline=data.get("deadline"),
+                new=bool(data.get("new", False)),
             )
         except FileNotFoundError:
             return None

@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from client.api import ApiError, SluicegateClient
-from client.summarize.documents import DOCUMENT_SUFFIXES
+from client.summarize.documents import DOCUMENT_SUFFIXES, suffixes_text
 from client.summarize.report import Report, counts_text, span, when
 from client.summarize.requests import (
     Input,
@@ -32,6 +32,7 @@ from client.summarize.requests import (
     Resume,
     build_requests,
     digest,
+    passed_over_text,
     skipped_path,
     write_skipped,
     written,
@@ -39,6 +40,7 @@ from client.summarize.requests import (
 from schemas.batches import BatchView, InvalidCompletionWindow, window_seconds
 
 DONE = frozenset({"completed", "expired", "cancelled"})
+ENDED = DONE | {"failed"}  # a batch that takes no more work
 OK, NOT_ALL_SUCCEEDED, PARTIAL = 0, 1, 3
 
 
@@ -79,6 +81,13 @@ def read_input(source: Path, options: Options, console: Console) -> Input:
         console.print(f"read {len(found.requests):,} requests from {source}", highlight=False)
     for skip in found.skipped:
         console.print(f"  skipped {skip.name}: {skip.message}", highlight=False, markup=False)
+    if found.passed_over:
+        console.print(
+            f"  passed over {passed_over_text(found.passed_over)}: only {suffixes_text(' and ')} "
+            "files are read",
+            highlight=False,
+            markup=False,
+        )
     if found.skipped and options.strict:
         raise InputError(
             f"{len(found.skipped)} of {len(found.requests) + len(found.skipped)} files cannot be "
@@ -98,17 +107,12 @@ async def _batch(
     an earlier one with the same input (the Idempotency-Key finds it), or a new one."""
     out, requests = options.out, found.requests
     fingerprint = digest(requests, options.window)
-    resume = None if options.new else Resume.load(out)
-    if resume is not None:
-        if resume.digest != fingerprint:
-            raise InputError(
-                f"{out} holds the results of another input or --deadline; choose another --out "
-                f"or remove {out} and {Resume.path(out)}"
-            )
-        batch = await client.get_batch(resume.batch_id)
+    if (batch := await _resumed(client, out, fingerprint, options.new, have)) is not None:
+        counts = batch.request_counts
         console.print(
             f"resuming batch {batch.id} (submitted {_age(batch)} ago, deadline "
-            f"{when(batch.deadline)}): {have:,} of {len(requests):,} already in {out}",
+            f"{when(batch.deadline)}): {counts.completed + counts.failed:,} of {counts.total:,} "
+            f"already done, {have:,} written to {out} (in input order)",
             highlight=False,
         )
         return batch
@@ -124,6 +128,7 @@ async def _batch(
         digest=fingerprint,
         created_at=datetime.fromtimestamp(batch.created_at, UTC).isoformat(),
         deadline=batch.deadline.isoformat(),
+        new=options.new,
     ).save(out)
     if created.replayed:
         console.print(
@@ -138,6 +143,29 @@ async def _batch(
             f"{when(batch.deadline)}",
             highlight=False,
         )
+    return batch
+
+
+async def _resumed(
+    client: SluicegateClient, out: Path, fingerprint: str, new: bool, have: int
+) -> BatchView | None:
+    """The batch recorded beside ``out`` when this run goes on with it: always without
+    ``--new``; with it, when a ``--new`` run made it and it has not ended or ``out`` does
+    not hold all its results yet (an interrupted ``--new`` run is resumed by the same
+    command)."""
+    resume = Resume.load(out)
+    if resume is None or (new and not resume.new):
+        return None
+    if resume.digest != fingerprint:
+        if new:
+            return None
+        raise InputError(
+            f"{out} holds the results of another input or --deadline; choose another --out "
+            f"or remove {out} and {Resume.path(out)}"
+        )
+    batch = await client.get_batch(resume.batch_id)
+    if new and batch.status in ENDED and have >= batch.request_counts.total:
+        return None  # that run is over: --new makes another
     return batch
 
 
@@ -160,6 +188,7 @@ async def summarize(
         raise InputError(
             f"--deadline {options.window!r} is not a duration such as 30m, 2h or 1h30m"
         ) from None
+    _make_folder(options.out)
     found = read_input(source, options, console)
     done = written(options.out)
     batch = await _batch(client, found, options, console, len(done.custom_ids))
@@ -179,9 +208,25 @@ async def summarize(
             f"{len(found.skipped):,} files skipped, listed in {skipped_path(options.out)}",
             highlight=False,
         )
+    if found.passed_over:
+        console.print(
+            f"passed over {passed_over_text(found.passed_over)} (not {suffixes_text()})",
+            highlight=False,
+            markup=False,
+        )
     if counts.completed < counts.total:
         return NOT_ALL_SUCCEEDED
     return PARTIAL if found.skipped else OK
+
+
+def _make_folder(out: Path) -> None:
+    """The folder of ``--out`` (and of the lists beside it), made when missing."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(
+            f"--out {out}: cannot make its folder {out.parent}: {exc.strerror or exc}"
+        ) from None
 
 
 async def _follow(

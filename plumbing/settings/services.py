@@ -42,6 +42,12 @@ class CommonSettings(SettingsGroup):
         description="Log level of every process (a `logging` level name: `DEBUG`, `INFO`, "
         "`WARNING`, ...).",
     )
+    process_name: str | None = Field(
+        default=None,
+        description="The name this process's log lines carry. Unset: its role (`api`, "
+        "`relay`, `worker`, `webhooks`, `llama`, `up`...); the local stack names each process "
+        "it runs (`worker-1`, `llama-1`).",
+    )
     metrics_port: int | None = Field(
         default=None,
         description="Serve Prometheus metrics of a relay or worker process on this port; "

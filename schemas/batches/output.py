@@ -53,7 +53,8 @@ def response_body(endpoint: str, job: Job) -> dict[str, Any]:
     output_tokens = usage["completion_tokens"]
     finish = "length" if output_tokens >= job.max_tokens else "stop"
     created = int((job.finished_at or job.created_at).timestamp())
-    model = str(result.get("model") or result.get("engine", ""))  # as asked, else the engine
+    # The model that made it (as its engine names it), else as asked, else the engine.
+    model = str(result.get("served_model") or result.get("model") or result.get("engine", ""))
     if endpoint == "/v1/chat/completions":
         return {
             "id": f"chatcmpl-{job.id}",

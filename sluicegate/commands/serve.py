@@ -17,9 +17,12 @@ from workers.engines.sim import server as sim_server
 from workers.service import build_sim_engine, run_worker
 from workers.webhooks.process import run_webhooks
 
+ROLES = {"llama-server": "llama"}
+"""A command's role in log lines, where it is not the command's name."""
+
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
-    configure_logging(settings)
+    configure_logging(settings, ROLES.get(args.command, args.command))
     try:
         _run(settings, args)
     except MissingSetting as exc:

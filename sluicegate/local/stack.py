@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ from sluicegate.local.broker.choose import Choice, make_broker
 from sluicegate.local.broker.tansu import WORKAROUNDS as TANSU_WORKAROUNDS
 from sluicegate.local.embedded import EmbeddedPostgres, free_port
 from sluicegate.local.lock import DataDirLock
+from sluicegate.local.model import served_names
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,8 @@ class Stack:
         if self.broker_info is not None and self.broker_info.kind == "tansu":
             env.update({f"SLUICEGATE_{name}": value for name, value in TANSU_WORKAROUNDS.items()})
         env["SLUICEGATE_DATA_DIR"] = str(self.settings.data_dir)
+        if "models" not in self.settings.model_fields_set:  # only what its workers serve
+            env["SLUICEGATE_MODELS"] = json.dumps(served_names(self.settings, self.engine))
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
@@ -254,7 +258,7 @@ class Stack:
             "-m",
             "sluicegate",
             *child.args,
-            env={**self.child_env(), **child.env},
+            env={**self.child_env(), **child.env, "SLUICEGATE_PROCESS_NAME": child.role},
             stdout=out,
             stderr=asyncio.subprocess.STDOUT if out is not None else None,
             start_new_session=True,  # our signals reach them only through us

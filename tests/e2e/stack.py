@@ -82,8 +82,13 @@ def start_stack(
     out = data_dir / "up.out"
     seen = out.stat().st_size if out.exists() else 0  # a restart appends to the same file
     log = open(out, "a")  # noqa: SIM115
+    args = list(args or [])
+    if "--engine" not in args:
+        # `up` serves the real model once it is pulled; the tests that do not name an engine
+        # rely on the simulator's speed, so they ask for it.
+        args += ["--engine", "sim"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "sluicegate", "up", "--workers", str(workers), *(args or [])],
+        [sys.executable, "-m", "sluicegate", "up", "--workers", str(workers), *args],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -100,11 +100,18 @@ def test_real_model_summaries_cancel_and_a_job_too_large(stack_factory) -> None:
             result = views[job_id]["result"]
             assert result["engine"] == "llamacpp"
             assert result["simulated"] is False
+            assert result["served_model"] == bundled_model().stem  # as llama.cpp names it
             summary = result["text"].strip()
             assert summary, f"empty output for {job_id}"
             assert summary not in text, f"{job_id} copied its input: {summary!r}"
             assert 1 <= result["output_tokens"] <= 48
             output_tokens += result["output_tokens"]
+        # A model this stack does not serve is refused, never answered by llama.cpp.
+        refused = client.post(
+            "/v1/jobs", json={"kind": "summarize", "input": texts[0], "model": "sim"}
+        )
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["error"]["code"] == "model_not_found"
         # Token counts are the server's: what the jobs recorded is what llama.cpp decoded.
         predicted = metric(url, "llamacpp:tokens_predicted_total") - predicted_before
         assert output_tokens == predicted

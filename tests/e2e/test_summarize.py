@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,13 +36,17 @@ def write_documents(directory: Path) -> list[str]:
     return names
 
 
-def summarize(stack: RunningStack, docs: Path, out: Path, data_dir: Path) -> subprocess.Popen[str]:
+def summarize(
+    stack: RunningStack, docs: Path, out: Path, data_dir: Path, *flags: str
+) -> subprocess.Popen[str]:
     env = {
         **os.environ,
         "SLUICEGATE_DATA_DIR": str(data_dir),
         "SLUICEGATE_API_PORT": stack.api_url.rsplit(":", 1)[1],
+        "PYTHONUNBUFFERED": "1",  # what it said before a SIGKILL is read
+        "COLUMNS": "300",  # a line each
     }
-    command = ["summarize", str(docs), "--deadline", "30m", "--out", str(out)]
+    command = ["summarize", str(docs), "--deadline", "30m", "--out", str(out), *flags]
     return subprocess.Popen(
         [sys.executable, "-m", "sluicegate", *command, "--max-tokens", "24"],
         env=env,
@@ -96,3 +101,47 @@ def test_a_thousand_documents_summarized_interrupted_and_resumed(
     assert len(batches) == 1
     assert batches[0]["request_counts"] == {"total": DOCUMENTS, "completed": DOCUMENTS, "failed": 0}
     assert batches[0]["status"] == "completed"
+
+
+def test_a_new_run_into_a_missing_folder_is_resumed_by_the_same_command(
+    stack_factory: Callable[..., RunningStack], tmp_path: Path
+) -> None:
+    stack = stack_factory(workers=1)
+    docs = tmp_path / "docs"
+    written = write_documents(docs)
+    names = written[:300]
+    for extra in written[300:]:
+        (docs / extra).unlink()
+    (docs / "README").write_text("not read")
+    (docs / "data.json").write_text("{}")
+    out = tmp_path / "run1" / "results.jsonl"  # run1/ does not exist
+
+    first = summarize(stack, docs, out, tmp_path, "--new")
+    deadline = time.monotonic() + 120
+    while lines_in(out) == 0 and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    output, _ = first.communicate()
+    assert 0 < lines_in(out) < len(names), output
+    assert "passed over 2 other files (README, data.json): only .txt and .md files" in output
+    with httpx.Client(base_url=stack.api_url, headers=stack.headers) as client:
+        [batch] = client.get("/v1/batches").json()["data"]
+    counts = batch["request_counts"]
+    done_before = counts["completed"] + counts["failed"]
+    assert done_before >= lines_in(out)
+
+    second = summarize(stack, docs, out, tmp_path, "--new")  # the same command again
+    output, _ = second.communicate(timeout=360)
+    assert second.returncode == 0, output
+    said = re.search(
+        rf"resuming batch {batch['id']} .*: (\d+) of {len(names)} already done", output
+    )
+    assert said, output
+    # Every result the batch had, whatever its place in the input order.
+    assert int(said.group(1)) >= done_before
+    assert "passed over 2 other files (README, data.json) (not .txt or .md)" in output
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == names
+    with httpx.Client(base_url=stack.api_url, headers=stack.headers) as client:
+        batches = client.get("/v1/batches").json()["data"]
+    assert [b["id"] for b in batches] == [batch["id"]]  # the rerun submitted nothing

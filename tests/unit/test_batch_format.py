@@ -147,6 +147,17 @@ def test_output_lines() -> None:
     assert jobs_line["response"]["body"]["usage"]["total_tokens"] == 8
 
 
+def test_an_output_line_names_the_model_that_served_it() -> None:
+    asked = {"text": "Hi.", "engine": "llamacpp", "prompt_tokens": 3, "output_tokens": 2}
+    served = {**asked, "model": "llamacpp", "served_model": "SmolLM2-135M-Instruct.Q4_1"}
+    for endpoint in ("/v1/completions", "/v1/chat/completions"):
+        line = result_line(endpoint, job(JobState.SUCCEEDED, result=served))
+        assert line["response"]["body"]["model"] == "SmolLM2-135M-Instruct.Q4_1"
+        # A result from before results named their model: as asked, else the engine.
+        older = result_line(endpoint, job(JobState.SUCCEEDED, result=asked))
+        assert older["response"]["body"]["model"] == "llamacpp"
+
+
 BATCH = "0195a3c2-7d4e-7f00-8a1b-2c3d4e5f6a7b"
 
 

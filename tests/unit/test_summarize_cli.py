@@ -14,6 +14,7 @@ from client.summarize.requests import (
     Written,
     build_requests,
     digest,
+    passed_over_text,
     write_skipped,
     written,
 )
@@ -132,3 +133,54 @@ def test_a_damaged_resume_record_or_results_file_is_a_clear_error(tmp_path: Path
     out.write_text("hello\n")
     with pytest.raises(InputError, match=r"results\.jsonl:1 is not a result line"):
         written(out)
+
+
+def test_encoding_is_for_the_files_that_are_not_utf8_or_utf16_with_a_bom(tmp_path: Path) -> None:
+    (tmp_path / "utf16.txt").write_bytes("naïve café".encode("utf-16"))  # with its BOM
+    (tmp_path / "utf8.txt").write_text("crème brûlée", encoding="utf-8")
+    (tmp_path / "latin1.txt").write_bytes("déjà vu".encode("latin-1"))
+    (tmp_path / "wide.txt").write_bytes("plain".encode("utf-16-le"))  # no BOM: NUL bytes
+    found = build_requests(tmp_path, max_tokens=8, max_bytes=MAX, encoding="latin-1")
+    assert found.skipped[0].name == "wide.txt"  # NUL bytes, and latin-1 keeps them: binary
+    texts = {r["custom_id"]: r["body"]["input"] for r in found.requests}
+    assert texts == {"utf16.txt": "naïve café", "utf8.txt": "crème brûlée", "latin1.txt": "déjà vu"}
+    wide = build_requests(tmp_path / "wide.txt", max_tokens=8, max_bytes=MAX, encoding="utf-16-le")
+    assert wide.requests[0]["body"]["input"] == "plain"
+    # Without --encoding the Latin-1 file is skipped, the others read the same.
+    plain = build_requests(tmp_path, max_tokens=8, max_bytes=MAX)
+    assert {s.name: s.reason for s in plain.skipped} == {
+        "latin1.txt": "undecodable",
+        "wide.txt": "binary",
+    }
+    assert {r["custom_id"] for r in plain.requests} == {"utf16.txt", "utf8.txt"}
+
+
+def test_the_files_passed_over_are_named(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("alpha")
+    (tmp_path / "README").write_text("read me")
+    (tmp_path / "data.json").write_text("{}")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.rst").write_text("notes")
+    found = build_requests(tmp_path, max_tokens=8, max_bytes=MAX)
+    assert [r["custom_id"] for r in found.requests] == ["a.txt"]
+    assert found.passed_over == ["README", "data.json", "docs/notes.rst"]
+    assert (
+        passed_over_text(found.passed_over) == "3 other files (README, data.json, docs/notes.rst)"
+    )
+    assert passed_over_text([f"f{i}" for i in range(5)]) == "5 other files (f0, f1, f2, ...)"
+
+    (tmp_path / "a.txt").unlink()
+    with pytest.raises(InputError) as refused:
+        build_requests(tmp_path, max_tokens=8, max_bytes=MAX)
+    assert str(refused.value) == (
+        f"no .txt or .md files under {tmp_path} (only those are read); passed over 3 other "
+        "files (README, data.json, docs/notes.rst)"
+    )
+
+
+def test_a_resume_record_says_whether_a_new_run_made_it(tmp_path: Path) -> None:
+    out = tmp_path / "results.jsonl"
+    Resume(batch_id="b1", digest="d", new=True).save(out)
+    assert Resume.load(out) == Resume(batch_id="b1", digest="d", new=True)
+    Resume.path(out).write_text(json.dumps({"batch_id": "b0", "digest": "d"}))  # older record
+    assert Resume.load(out) == Resume(batch_id="b0", digest="d", new=False)

@@ -97,6 +97,12 @@ class Capacity:
 class InferenceEngine(Protocol):
     name: str
 
+    @property
+    def served_model(self) -> str:
+        """The model this engine serves, named as the engine names it (llama.cpp's model
+        alias, vLLM's served name, ``sim``): a result reports it as the model that made it."""
+        ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...

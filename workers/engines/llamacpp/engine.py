@@ -31,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from pathlib import PurePath
 from typing import Any
 
 import httpx
@@ -61,6 +62,8 @@ class LlamaCppEngine:
     """An engine that is a llama.cpp server's HTTP API."""
 
     name: str = "llamacpp"
+    served_model: str = "llamacpp"
+    """Once started: the model the server names in its answers (its alias, ``/props``)."""
 
     def __init__(
         self,
@@ -98,6 +101,7 @@ class LlamaCppEngine:
             props = await self._props(client)
             self._slots = int(props["total_slots"])
             self._slot_context = int(props["default_generation_settings"]["n_ctx"])
+            self.served_model = served_name(props)
             await self._read_capacity(client, with_metrics=True)
         except BaseException:
             await client.aclose()
@@ -237,6 +241,18 @@ def check_sampling(sampling: SamplingParams | None) -> None:
         raise UnsupportedParameter(
             f"llama.cpp takes a seed from 0 to {MAX_SEED}, not {sampling.seed}"
         )
+
+
+def served_name(props: Mapping[str, Any]) -> str:
+    """The model a llama.cpp server names in its answers, from its ``/props``: its alias
+    (``sluicegate llama-server`` sets the file's stem), else its file's name."""
+    path = str(props.get("model_path") or "")
+    alias = props.get("model_alias")
+    if isinstance(alias, list | tuple):
+        alias = alias[0] if alias else None
+    if alias and str(alias) != path:
+        return str(alias)
+    return PurePath(path).name or "llamacpp"  # no alias: llama.cpp answers with the path
 
 
 def deferred_requests(metrics: str) -> int:

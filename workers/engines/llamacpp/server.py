@@ -40,6 +40,7 @@ def server_params(llama: LlamacppSettings, model: Path) -> Any:
 
     params = xllamacpp.CommonParams()
     params.model.path = str(model)
+    params.model_alias = {served_model_name(model)}  # its answers' `model`, not the path
     params.n_parallel = llama.llamacpp_slots
     params.n_ctx = llama.llamacpp_slots * llama.llamacpp_slot_context
     params.cpuparams.n_threads = llama.llamacpp_threads
@@ -51,6 +52,12 @@ def server_params(llama: LlamacppSettings, model: Path) -> Any:
     params.port = port_of(llama.llamacpp_url)
     params.verbosity = QUIET
     return params
+
+
+def served_model_name(model: Path) -> str:
+    """The name the server gives its model: the GGUF file's stem
+    (``SmolLM2-135M-Instruct.Q4_1``)."""
+    return model.stem
 
 
 def port_of(url: str) -> int:

@@ -46,6 +46,7 @@ class SimEngine:
     """
 
     name: str = "sim"
+    served_model: str = "sim"
 
     def __init__(
         self,

@@ -94,6 +94,11 @@ class VllmHttpEngine:
 
     name: str = "vllm_http"
 
+    @property
+    def served_model(self) -> str:
+        """The name asked of the server (``vllm_model``), one of those it serves."""
+        return self.model
+
     def __init__(
         self,
         *,

@@ -88,6 +88,10 @@ class VllmLocalEngine:
 
     name: str = "vllm_local"
 
+    @property
+    def served_model(self) -> str:
+        return self.model
+
     def __init__(
         self,
         *,
