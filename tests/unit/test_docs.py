@@ -84,3 +84,17 @@ def test_the_checks_see_the_names() -> None:
     assert "SLUICEGATE_API_REPLICAS" in _names_outside_settings()
     assert "sluicegate_jobs" in _names_not_metrics()
     assert "sluicegate_kind" in _names_not_metrics()
+
+
+def _shell_blocks(text: str) -> list[str]:
+    return re.findall(r"```sh\n(.*?)\n```", text, flags=re.S)
+
+
+def test_the_readme_opens_with_the_ci_test_command() -> None:
+    """.ci/run runs exactly the README's second command (the tests), whitespace aside."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    ci_command = ci.split('cd "$(dirname "$0")/.."\n', 1)[1]
+    blocks = _shell_blocks(readme)
+    assert len(blocks) >= 2, "the README opens with the demo command and the test command"
+    assert " ".join(blocks[1].split()) == " ".join(ci_command.split())
