@@ -15,9 +15,12 @@ from typing import Any
 import httpx
 
 from schemas import constants
-from schemas.api import JobView, SubmitResponse
-from schemas.batches import BatchView
+from schemas.api import JobList, JobView, SubmitResponse
+from schemas.batches import BatchList, BatchView
 from schemas.jobs import JobKind, Priority
+from schemas.overview import Overview
+from schemas.timeline import JobTimeline
+from schemas.webhooks import DeliveryDetail
 
 # Refusals a retry cannot turn into a success: the deadline stays where it is.
 FINAL_CODES = frozenset({"deadline_unreachable"})
@@ -276,3 +279,54 @@ class SluicegateClient:
     async def cancel(self, job_id: str) -> JobView:
         response = await self._send("DELETE", f"/v1/jobs/{job_id}")
         return JobView.model_validate_json(response.content)
+
+    async def list_jobs(
+        self,
+        *,
+        states: list[str] | None = None,
+        model: str | None = None,
+        tenant: str | None = None,
+        batch_id: str | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> JobList:
+        """One page of jobs, oldest first (every tenant's for an operator key, unless
+        ``tenant`` names one)."""
+        params = _params(
+            state=states, model=model, tenant=tenant, batch_id=batch_id, after=after, limit=limit
+        )
+        response = await self._send("GET", "/v1/jobs", params=params)
+        return JobList.model_validate_json(response.content)
+
+    async def list_batches(
+        self,
+        *,
+        statuses: list[str] | None = None,
+        model: str | None = None,
+        tenant: str | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> BatchList:
+        """One page of batches, newest first."""
+        params = _params(status=statuses, model=model, tenant=tenant, after=after, limit=limit)
+        response = await self._send("GET", "/v1/batches", params=params)
+        return BatchList.model_validate_json(response.content)
+
+    async def timeline(self, job_id: str) -> JobTimeline:
+        response = await self._send("GET", f"/v1/jobs/{job_id}/timeline")
+        return JobTimeline.model_validate_json(response.content)
+
+    async def overview(self, *, window_s: int | None = None) -> Overview:
+        params = _params(window_s=window_s)
+        response = await self._send("GET", "/v1/overview", params=params)
+        return Overview.model_validate_json(response.content)
+
+    async def redeliver(self, delivery_id: str) -> DeliveryDetail:
+        """Send a dead webhook delivery again (409 delivery_not_dead unless it is dead)."""
+        response = await self._send("POST", f"/v1/webhooks/deliveries/{delivery_id}/redeliver")
+        return DeliveryDetail.model_validate_json(response.content)
+
+
+def _params(**given: object) -> dict[str, Any]:
+    """Query parameters: those given (a list repeats its name), the None ones left out."""
+    return {name: value for name, value in given.items() if value is not None}

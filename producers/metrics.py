@@ -65,6 +65,12 @@ LAG_READER = Gauge(
 DRAIN_RATE = Gauge(constants.M_DRAIN_RATE, "Drain rate μ (records/s, smoothed)", registry=API)
 ARRIVAL_RATE = Gauge(constants.M_ARRIVAL_RATE, "Arrival rate λ (records/s, smoothed)", registry=API)
 IN_FLIGHT = Gauge(constants.M_IN_FLIGHT, "Jobs not yet terminal (measured L)", registry=API)
+JOBS_BY_STATE = Gauge(
+    constants.M_JOBS_BY_STATE,
+    "Jobs not ended, by state (queued, dispatched, running) and model (every tenant's)",
+    ["state", "model"],
+    registry=API,
+)
 LATENCY_W = Gauge(
     constants.M_LATENCY_W, "Mean submit-to-terminal time W of recent jobs (s)", registry=API
 )

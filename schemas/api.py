@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
+from schemas.constants import DEFAULT_MODEL
 from schemas.jobs import Job, JobKind, Priority
 from schemas.sampling import SamplingFields
 from schemas.states import JobState
@@ -90,6 +91,9 @@ class JobView(BaseModel):
     decoded_tokens: int | None
     batch_id: str | None = None
     custom_id: str | None = None
+    model: str = Field(
+        default=DEFAULT_MODEL, description=f"The request's model ({DEFAULT_MODEL}: none named)"
+    )
     status_url: str
     # An estimate for a job not started yet: jobs ahead of it (all tenants' queued and
     # dispatched jobs submitted before it) and when it may start at the measured drain rate.
@@ -128,6 +132,7 @@ class JobView(BaseModel):
             decoded_tokens=job.decoded_tokens,
             batch_id=job.batch_id,
             custom_id=job.custom_id,
+            model=job.model or DEFAULT_MODEL,
             status_url=status_url,
             queue_position=queue_position,
             expected_start_at=expected_start_at,

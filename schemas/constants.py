@@ -55,6 +55,7 @@ M_LAG_READER = "sluicegate_lag_reader"
 M_DRAIN_RATE = "sluicegate_drain_rate"
 M_ARRIVAL_RATE = "sluicegate_arrival_rate"
 M_IN_FLIGHT = "sluicegate_jobs_in_flight"
+M_JOBS_BY_STATE = "sluicegate_jobs_by_state"
 M_LATENCY_W = "sluicegate_latency_w_seconds"
 M_LITTLE_L = "sluicegate_littles_law_l"
 

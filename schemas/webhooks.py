@@ -86,6 +86,13 @@ class DeliveryNotFound(SluicegateError):
     status = 404
 
 
+class DeliveryNotDead(SluicegateError):
+    """Only a dead delivery can be redelivered; this one is pending or was delivered."""
+
+    code = "delivery_not_dead"
+    status = 409
+
+
 class SecretNotFound(SluicegateError):
     """No such webhook signing secret for this tenant."""
 

@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from sluicegate.commands import ops_args
+
 ENGINES = ("sim", "llamacpp", "vllm_http", "vllm_local")
 BROKERS = ("auto", "kafka", "tansu")
 BROKER_HELP = (
@@ -56,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     _stack_commands(sub)
     _client_commands(sub)
     _service_commands(sub)
+    ops_args.add(sub)  # status, jobs, batches, webhooks redeliver
     keys = sub.add_parser("keys", help="make or revoke API keys (stored hashed)")
     key_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = key_sub.add_parser("create", help="make a key for a tenant; prints it once")
@@ -232,6 +235,10 @@ def main(argv: list[str] | None = None) -> None:
         from sluicegate.commands import client
 
         sys.exit(client.run(settings, args))
+    elif ops_args.wanted(args):
+        from sluicegate.commands import ops
+
+        sys.exit(ops.run(settings, args))
     elif command == "kafka" and args.kafka_command != "pull":
         from sluicegate.commands import kafka
 

@@ -33,6 +33,8 @@ from producers.lag.estimate import LagEstimate
 from producers.lag.kafka import KafkaLagSource
 from producers.lag.monitor import LagMonitor, LagSource
 from producers.lag.shared import SharedLagSource
+from producers.overview.gauge import report_jobs_by_state
+from producers.overview.repository import OverviewStore
 from producers.tenancy.repository import KeyStore
 from schemas import constants
 
@@ -78,7 +80,7 @@ class Lifespan:
             services = build(self.settings, db, submit_db, source)
             services.publish(app.state)
             await services.monitor.refresh()  # serve with a reading, not with "unknown"
-            async with _background(services, db):
+            async with _background(services, db, self.settings.lag_interval_s):
                 yield
 
 
@@ -192,11 +194,12 @@ def _own_source(settings: Settings, db: AsyncEngine) -> KafkaLagSource | SharedL
 
 
 @asynccontextmanager
-async def _background(services: Services, db: AsyncEngine) -> AsyncIterator[None]:
-    """The lag monitor, the flow report, the jobs channel's listener (it wakes the waiting
-    requests, the meter and the batch lifecycle), the submit groups' writer, the batch meter
-    and the batch lifecycle, stopped and
-    awaited at the end."""
+async def _background(
+    services: Services, db: AsyncEngine, lag_interval_s: float
+) -> AsyncIterator[None]:
+    """The lag monitor, the flow report, the jobs-by-state gauge, the jobs channel's listener
+    (it wakes the waiting requests, the meter and the batch lifecycle), the submit groups'
+    writer, the batch meter and the batch lifecycle, stopped and awaited at the end."""
 
     def on_notice(payload: str) -> None:
         services.waiters.on_notice(payload)
@@ -214,6 +217,10 @@ async def _background(services: Services, db: AsyncEngine) -> AsyncIterator[None
     tasks = [
         asyncio.create_task(services.monitor.run(stop), name="lag-monitor"),
         asyncio.create_task(flow, name="flow"),
+        asyncio.create_task(
+            report_jobs_by_state(OverviewStore(db), stop, interval_s=lag_interval_s),
+            name="jobs-by-state",
+        ),
         asyncio.create_task(listener.run(stop), name="jobs-listener"),
         asyncio.create_task(services.group_commit.run(stop), name="submit-groups"),
         asyncio.create_task(services.meter.run(stop), name="batch-meter"),

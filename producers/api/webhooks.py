@@ -53,6 +53,19 @@ async def get_delivery(delivery_id: str, store: Webhooks, tenant: Tenant) -> Del
 
 
 @router.post(
+    "/deliveries/{delivery_id}/redeliver",
+    response_model=DeliveryDetail,
+    responses=openapi.errors(409),
+    summary="Redeliver a dead webhook delivery",
+)
+async def redeliver(delivery_id: str, store: Webhooks, tenant: Tenant) -> DeliveryDetail:
+    """Send a dead (dead-lettered) delivery again, now: the same message (its webhook-id
+    and body, so the receiver can dedupe it), as one more attempt; if that fails it is dead
+    again. 409 ``delivery_not_dead`` while it is pending or once it was delivered."""
+    return await store.redeliver(tenant, delivery_id)
+
+
+@router.post(
     "/secrets", response_model=NewSecret, status_code=201, summary="Create a signing secret"
 )
 async def create_secret(store: Webhooks, tenant: Tenant) -> NewSecret:

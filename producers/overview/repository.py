@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from producers.jobs.repository import job_model
 from schemas.states import TERMINAL_STATES, JobState
 from schemas.tables import jobs, workers
 
-_TERMINAL = [s.value for s in TERMINAL_STATES]
+# The states of jobs not ended, named (not "not terminal"), so that the planner reads only
+# their entries of ix_jobs_state: rows bounded by admission, not the retained history.
+UNENDED = [s.value for s in JobState if s not in TERMINAL_STATES]
 _DROPS = [JobState.EXPIRED.value, JobState.CANCELLED.value, JobState.ABANDONED.value]
 
 
@@ -30,6 +33,15 @@ class WorkerRow:
     age_s: float  # since seen_at, by the database's clock
 
 
+def unended_counts(tenant: str | None) -> Select[Any]:
+    """One GROUP BY over the jobs not ended (of one tenant, or of all)."""
+    model = job_model().label("model")
+    query = select(model, jobs.c.state, func.count()).where(jobs.c.state.in_(UNENDED))
+    if tenant is not None:
+        query = query.where(jobs.c.tenant == tenant)
+    return query.group_by(model, jobs.c.state)
+
+
 class OverviewStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
@@ -38,15 +50,20 @@ class OverviewStore:
         """(model, state, count): the jobs not ended, and those ended in the window."""
         model = job_model().label("model")
         ended_since = func.now() - timedelta(seconds=window_s)
-        live = select(model, jobs.c.state, func.count()).where(jobs.c.state.not_in(_TERMINAL))
         ended = select(model, jobs.c.state, func.count()).where(jobs.c.finished_at > ended_since)
         if tenant is not None:
-            live, ended = live.where(jobs.c.tenant == tenant), ended.where(jobs.c.tenant == tenant)
+            ended = ended.where(jobs.c.tenant == tenant)
         async with self._engine.connect() as conn:
             rows = [
-                *(await conn.execute(live.group_by(model, jobs.c.state))).all(),
+                *(await conn.execute(unended_counts(tenant))).all(),
                 *(await conn.execute(ended.group_by(model, jobs.c.state))).all(),
             ]
+        return sorted((str(m), str(s), int(n)) for m, s, n in rows)
+
+    async def unended(self) -> list[tuple[str, str, int]]:
+        """(model, state, count) of every tenant's jobs not ended (the jobs-by-state gauge)."""
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(unended_counts(None))).all()
         return sorted((str(m), str(s), int(n)) for m, s, n in rows)
 
     async def drops(self, tenant: str | None, window_s: float) -> list[tuple[str, str, int]]:

@@ -17,8 +17,10 @@ from schemas.tables import dead_letters, webhook_attempts, webhook_deliveries, w
 from schemas.webhooks import (
     DEAD_LETTER_SOURCE,
     SECRET_PREFIX,
+    WEBHOOKS_CHANNEL,
     AttemptView,
     DeliveryDetail,
+    DeliveryNotDead,
     DeliveryNotFound,
     DeliveryState,
     DeliveryView,
@@ -142,6 +144,30 @@ class WebhookStore:
             ],
             dead_letter_reason=dead_reason,
         )
+
+    async def redeliver(self, tenant: str, delivery_id: str) -> DeliveryDetail:
+        """Send a dead delivery again: pending and due now, the same message (its id and
+        body, so a receiver dedupes it), one more attempt (numbered after the last); the
+        dispatcher is woken by the NOTIFY of a new delivery. 409 unless it is dead."""
+        async with self._engine.begin() as conn:
+            revived = await conn.scalar(
+                update(webhook_deliveries)
+                .where(
+                    webhook_deliveries.c.id == delivery_id,
+                    webhook_deliveries.c.tenant == tenant,
+                    webhook_deliveries.c.state == DeliveryState.DEAD.value,
+                )
+                .values(
+                    state=DeliveryState.PENDING.value, next_attempt_at=func.now(), finished_at=None
+                )
+                .returning(webhook_deliveries.c.id)
+            )
+            if revived is not None:
+                await conn.execute(select(func.pg_notify(WEBHOOKS_CHANNEL, delivery_id)))
+        if revived is None:
+            found = await self.delivery(tenant, delivery_id)  # 404 if not the tenant's
+            raise DeliveryNotDead(f"webhook delivery {delivery_id} is {found.state.value}")
+        return await self.delivery(tenant, delivery_id)
 
     async def create_secret(self, tenant: str) -> NewSecret:
         secret = new_secret()

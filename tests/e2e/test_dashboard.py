@@ -94,6 +94,7 @@ OWNERS: dict[str, frozenset[str]] = {
             constants.M_DRAIN_RATE,
             constants.M_ARRIVAL_RATE,
             constants.M_IN_FLIGHT,
+            constants.M_JOBS_BY_STATE,
             constants.M_LATENCY_W,
             constants.M_LITTLE_L,
             constants.M_METERED,

@@ -28,6 +28,7 @@ OWN: dict[Role, set[str]] = {
         c.M_DRAIN_RATE,
         c.M_ARRIVAL_RATE,
         c.M_IN_FLIGHT,
+        c.M_JOBS_BY_STATE,
         c.M_LATENCY_W,
         c.M_LITTLE_L,
     },

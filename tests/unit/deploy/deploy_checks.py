@@ -141,6 +141,7 @@ REQUIRED_PANELS = {
     "arrival rate λ": ({constants.M_ARRIVAL_RATE}, set()),
     "latency W": ({constants.M_LATENCY_W}, set()),
     "λ·W beside the jobs in flight": ({constants.M_LITTLE_L, constants.M_IN_FLIGHT}, set()),
+    "jobs not ended by state": ({constants.M_JOBS_BY_STATE}, {"state", "model"}),
     "KV cache usage": ({constants.M_KV_USAGE}, set()),
     "admission decisions": ({constants.M_ADMISSIONS}, {"outcome", "reason"}),
     "drops before decode": ({constants.M_DROPPED}, {"reason"}),

@@ -1,0 +1,83 @@
+"""What `sluicegate status` prints from an overview, and the CLI's names of states."""
+
+from __future__ import annotations
+
+import io
+from typing import get_args
+
+from rich.console import Console, RenderableType
+
+from schemas.batches import Status
+from schemas.overview import AdmissionView, DropCount, JobCount, Overview, WorkerView
+from schemas.states import JobState
+from sluicegate.commands import ops_args, views
+
+
+def text(renderable: RenderableType) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def overview(**admission: object) -> Overview:
+    return Overview(
+        generated_at=0.0,
+        window_s=3600,
+        operator=False,
+        admission=AdmissionView(
+            **{
+                "state": "open",
+                "lag": 3,
+                "lag_soft": 100,
+                "lag_hard": 200,
+                "reading_age_s": 0.25,
+                "retry_after_s": None,
+                **admission,
+            }
+        ),
+        jobs=[
+            JobCount(model="default", state="succeeded", count=7),
+            JobCount(model="sim", state="queued", count=2),
+        ],
+        drops=[DropCount(state="expired", reason="deadline_passed", count=1)],
+        workers=[
+            WorkerView(
+                id="worker-1", model="sim", engine="sim", capacity=4, running=1,
+                kv_usage=0.5, last_seen_s=1.2, stale=False,
+            ),
+            WorkerView(
+                id="worker-2", model="m", engine="llamacpp", capacity=2, running=0,
+                kv_usage=None, last_seen_s=40, stale=True,
+            ),
+        ],
+    )  # fmt: skip
+
+
+def test_the_cli_names_the_apis_states() -> None:
+    assert list(ops_args.JOB_STATES) == [s.value for s in JobState]
+    assert get_args(Status) == ops_args.BATCH_STATUSES
+
+
+def test_status_shows_admission_jobs_drops_and_workers() -> None:
+    shown = text(views.overview(overview(), "http://api"))
+    assert "this key's tenant, ended jobs of the last 1h" in shown
+    assert "admission open  lag 3 (soft 100, hard 200), read 0.2 s ago" in shown
+    assert "retry after" not in shown
+    rows = {line.split()[0]: line.split()[1:] for line in shown.splitlines() if line.strip()}
+    assert rows["model"] == ["queued", "succeeded"]  # the states with jobs, in order
+    assert rows["default"] == ["-", "7"]
+    assert rows["sim"] == ["2", "-"]
+    assert rows["expired"] == ["deadline_passed", "1"]
+    assert rows["worker-1"] == ["sim", "sim", "(simulated)", "1/4", "50%", "1", "s", "ago"]
+    assert rows["worker-2"] == ["m", "llamacpp", "0/2", "-", "stale,", "40", "s", "ago"]
+
+
+def test_a_refusing_api_says_when_to_retry_and_a_lost_one_says_so() -> None:
+    refusing = overview(state="refusing", lag=250, retry_after_s=4.0)
+    shown = text(views.overview(refusing, "http://api", "cannot reach the API"))
+    assert "admission refusing  lag 250 (soft 100, hard 200), read 0.2 s ago  retry after 4 s" in (
+        shown
+    )
+    assert "cannot reach the API" in shown
+    unknown = text(views.admission(overview(state="unknown", lag=None).model_copy()))
+    assert "admission unknown  lag - (soft 100" in unknown
