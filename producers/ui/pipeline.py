@@ -7,12 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from producers.api import overview as overview_api
+from producers.api import webhooks as webhooks_api
 from producers.api.deps import Admission, AppSettings, Monitor, Overviews, Webhooks
 from producers.ui.pages import PageRoute, render
-from producers.ui.session import Viewing
+from producers.ui.session import Viewing, Writing
+from schemas.errors import SluicegateError
 from schemas.states import JobState
 from schemas.webhooks import DeliveryState
 
@@ -87,4 +89,22 @@ async def deliveries_page(
         deliveries=found,
         chosen=chosen,
         states=[s.value for s in DeliveryState],
+        redeliver=True,
+        error=request.query_params.get("error"),
     )
+
+
+@router.post(
+    "/webhooks/deliveries/{delivery_id}/redeliver", summary="Redeliver a dead webhook delivery"
+)
+async def redeliver(delivery_id: str, viewer: Writing, hooks: Webhooks) -> Response:
+    """As POST /v1/webhooks/deliveries/{id}/redeliver; back to the dead letters' list, with
+    the coded error when it was refused (409 ``delivery_not_dead``, 404)."""
+    target = "/ui/webhooks?state=dead"
+    try:
+        await webhooks_api.redeliver(delivery_id, hooks, viewer.tenant)
+    except SluicegateError as exc:
+        if exc.status >= 500:
+            raise
+        return RedirectResponse(f"{target}&error={exc.code}", status_code=303)
+    return RedirectResponse(target, status_code=303)

@@ -5,14 +5,17 @@ redirects without one, a tenant's key scoped to its tenant, and the cancel's CSR
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import httpx
 import pytest
+from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
 from producers.tenancy.repository import KeyStore
 from producers.ui.session import COOKIE, csrf_token
+from schemas.tables import webhook_deliveries
 from tests.integration.serving import serve
 
 JOB = {"kind": "summarize", "input": "The page shows every job.", "ttl_s": 600}
@@ -100,3 +103,45 @@ async def test_a_tenants_key_sees_its_own_jobs_and_cancels_only_with_the_token(
     out = await api.post("/ui/logout")
     assert out.status_code == 303
     assert (await api.get("/ui/jobs")).status_code == 303
+
+
+async def test_a_dead_delivery_is_redelivered_from_the_webhooks_page(
+    api: httpx.AsyncClient, db: AsyncEngine
+) -> None:
+    key = await KeyStore(db).create("hooks")
+    dead = {
+        "id": "msg_ui_dead",
+        "tenant": "hooks",
+        "subject": "00000000-0000-0000-0000-000000000001",
+        "event_type": "job.succeeded",
+        "url": "https://receiver.example/hook",
+        "body": "{}",
+        "state": "dead",
+        "attempts": 2,
+        "last_status": 503,
+        "finished_at": datetime.now(UTC),
+    }
+    async with db.begin() as conn:
+        await conn.execute(insert(webhook_deliveries).values(dead))
+    assert (await api.post("/ui/login", data={"key": key, "next": "/ui"})).status_code == 303
+
+    page = await api.get("/ui/webhooks?state=dead")
+    action = "/ui/webhooks/deliveries/msg_ui_dead/redeliver"
+    assert f'action="{action}"' in page.text  # the button is shown for a dead delivery
+    forged = await api.post(action, data={}, headers={"Origin": ORIGIN})
+    assert (forged.status_code, "csrf_refused" in forged.text) == (403, True)
+
+    token = {"csrf": csrf_token(key)}
+    done = await api.post(action, data=token, headers={"Origin": ORIGIN})
+    assert (done.status_code, done.headers["location"]) == (303, "/ui/webhooks?state=dead")
+    async with db.connect() as conn:
+        state = await conn.scalar(
+            select(webhook_deliveries.c.state).where(webhook_deliveries.c.id == "msg_ui_dead")
+        )
+    assert state == "pending"  # due again: the dispatcher sends it now
+    again = await api.post(action, data=token, headers={"Origin": ORIGIN})
+    assert again.headers["location"] == "/ui/webhooks?state=dead&error=delivery_not_dead"
+    missing = await api.post(
+        "/ui/webhooks/deliveries/msg_nope/redeliver", data=token, headers={"Origin": ORIGIN}
+    )
+    assert missing.headers["location"].endswith("error=delivery_not_found")
