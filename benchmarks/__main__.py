@@ -17,7 +17,7 @@ own defaults are the longer runs of the README's figures), writes docs/bench/NAM
 NAME.png for each and docs/bench/summary.json, and ends with a table of the headline
 figures. ``--quick`` runs every scenario with ``--quick`` and writes into a temporary
 directory, never docs/bench. The scenarios marked `in_suite=False` (the soak, files, retention,
-costs, relay_rate, fleet, brokers, scale) run only when named (``--only soak``).
+costs, relay_rate, fleet, brokers, scale, overview) run only when named (``--only soak``).
 """
 
 from __future__ import annotations
@@ -148,6 +148,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         module="benchmarks.scenarios.scale",
         argv=("--from-reports",),
         expected_s=5,
+        in_suite=False,
+    ),
+    # The jobs-by-state gauge's and the overview's reads beside 1,000,000 ended jobs.
+    Scenario(
+        name="overview",
+        module="benchmarks.scenarios.overview",
+        argv=(),
+        expected_s=120,
         in_suite=False,
     ),
 )

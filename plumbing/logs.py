@@ -56,11 +56,13 @@ def uvicorn_log_config() -> dict[str, Any]:
 
 
 class Tally:
-    """One INFO line for a burst of the same event, with its count, instead of one a time.
+    """A burst of the same event in two INFO lines at most, instead of one an event: the
+    burst's first event itself, then one line counting the rest.
 
-    ``add`` logs the event itself at DEBUG and counts it; ``window_s`` after the first event
-    of a burst (or at ``flush``) one INFO line says how many there were. A batch cancel that
-    fences off hundreds of attempts is one line.
+    ``add`` logs the first event of a burst at INFO (so a lone event, or the last words of a
+    process killed mid-burst, is still heard in full) and the others at DEBUG, counting them;
+    ``window_s`` after the first (or at ``flush``) one INFO line says how many more there
+    were, if any. A batch cancel that fences off hundreds of attempts is two lines.
     """
 
     def __init__(
@@ -72,7 +74,7 @@ class Tally:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._log = logger
-        self._summary = summary  # formatted with count= and seconds=
+        self._summary = summary  # formatted with count= (the events after the first), seconds=
         self._window_s = window_s
         self._clock = clock
         self._count = 0
@@ -85,8 +87,8 @@ class Tally:
         return self._count
 
     def add(self, message: str, *args: object) -> None:
-        """Count one event; ``message % args`` goes to DEBUG."""
-        self._log.debug(message, *args)
+        """Count one event: ``message % args`` goes to INFO if it opens a burst, else DEBUG."""
+        self._log.log(logging.DEBUG if self._count else logging.INFO, message, *args)
         if self._count == 0:
             self._since = self._clock()
             try:
@@ -98,12 +100,11 @@ class Tally:
         self._count += 1
 
     def flush(self) -> None:
-        """Log the events counted so far in one line (nothing when there were none)."""
+        """End the burst: one line counting its events after the first (none if it had one)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._count == 0:
-            return
-        seconds = self._clock() - self._since
-        self._log.info(self._summary.format(count=self._count, seconds=seconds))
+        if self._count > 1:
+            seconds = self._clock() - self._since
+            self._log.info(self._summary.format(count=self._count - 1, seconds=seconds))
         self._count = 0

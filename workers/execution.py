@@ -68,11 +68,12 @@ class Executor:
         self.control = control
         self._predecode = predecode
         self._takeover_grace_s = takeover_grace_s
-        # A batch cancel fences off every attempt of its running jobs at once: one line.
+        # A batch cancel fences off every attempt of its running jobs at once: the first,
+        # then one line counting the rest.
         self.fenced = Tally(
             log,
-            "{count} job attempts were fenced off in {seconds:.1f}s (their jobs were cancelled, "
-            "expired or taken over elsewhere); their results were dropped",
+            "{count} more job attempts were fenced off in {seconds:.1f}s (their jobs were "
+            "cancelled, expired or taken over elsewhere); their results were dropped",
         )
 
     async def claim(

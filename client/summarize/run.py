@@ -253,7 +253,7 @@ async def _follow(
                 after = lines[-1]["sluicegate"]["job_id"]
             batch = await client.get_batch(batch.id)
             report.update(batch)
-            if batch.status in DONE and len(have) >= total:
+            if batch.status == "failed" or (batch.status in DONE and len(have) >= total):
                 return batch
             await asyncio.sleep(poll_s)
 

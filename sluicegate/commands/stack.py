@@ -136,16 +136,18 @@ def _workers(count: int | None, engine: str, at_least: int = 0) -> int:
 
 def default_engine(settings: Settings, command: str) -> str:
     """SLUICEGATE_ENGINE when set; else the real model when it is here, else the simulator
-    (with a word on how to get the real one)."""
+    (the demo says so at once; `up`'s banner says it, so that a refusal to start stays one
+    line)."""
     if "engine" in settings.model_fields_set:
         return settings.engine
     if models.model_file(settings).is_file():
         return "llamacpp"
-    print(
-        f"no model pulled: {command} runs on the simulator, whose output is simulated "
-        "(run `sluicegate model pull` once for real summaries)",
-        file=sys.stderr,
-    )
+    if command == "demo":
+        print(
+            "no model pulled: the demo runs on the simulator, whose output is simulated "
+            "(run `sluicegate model pull` once for real summaries)",
+            file=sys.stderr,
+        )
     return "sim"
 
 

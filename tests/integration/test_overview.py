@@ -130,6 +130,11 @@ async def test_batches_filter_by_status_model_and_tenant(
         return [b["id"] for b in answer.json()["data"]]
 
     assert await listed(plain) == [done, running]
+    # A batch's status is stored: the API's batch lifecycle finalizes the one whose jobs all
+    # ended at its next round.
+    async with asyncio.timeout(20):
+        while await listed(plain, status="completed") != [done]:
+            await asyncio.sleep(0.1)
     assert await listed(plain, status="in_progress") == [running]
     assert await listed(plain, status="completed") == [done]
     assert await listed(plain, model="default") == [done, running]

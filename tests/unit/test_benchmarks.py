@@ -30,7 +30,10 @@ MAX_MODULE_LINES = 400
 
 # Renaming or removing one of these is a change to the suite: change this list with it.
 SUITE = ["admission", "kv_pull", "overload", "longpoll", "scale_out", "ingress"]
-ONLY_WHEN_NAMED = ["soak", "files", "retention", "costs", "relay_rate", "fleet", "brokers", "scale"]
+ONLY_WHEN_NAMED = [
+    *("soak", "files", "retention", "costs", "relay_rate", "fleet", "brokers", "scale"),
+    "overview",
+]
 # Scenarios the runner does not run, each with its reason (run as python -m
 # benchmarks.scenarios.NAME); they have the runner's shape all the same.
 NOT_IN_RUNNER = {

@@ -59,9 +59,12 @@ class Clock:
         return self.now
 
 
-def test_a_burst_is_one_info_line_with_its_count(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_burst_is_its_first_event_and_one_line_counting_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     clock = Clock()
-    tally = logs.Tally(logging.getLogger("t"), "{count} fenced off in {seconds:.1f}s", clock=clock)
+    summary = "{count} more fenced off in {seconds:.1f}s"
+    tally = logs.Tally(logging.getLogger("t"), summary, clock=clock)
     with caplog.at_level(logging.DEBUG, logger="t"):
         for i in range(346):
             tally.add("job %s fenced off", i)
@@ -71,26 +74,30 @@ def test_a_burst_is_one_info_line_with_its_count(caplog: pytest.LogCaptureFixtur
         tally.flush()  # nothing more to say
     info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
-    assert info == ["346 fenced off in 3.5s"]
-    assert len(debug) == 346
-    assert debug[0].getMessage() == "job 0 fenced off"
+    assert info == ["job 0 fenced off", "345 more fenced off in 3.5s"]
+    assert len(debug) == 345
+    assert debug[0].getMessage() == "job 1 fenced off"
     assert tally.pending == 0
 
 
-def test_at_info_the_single_events_are_not_logged(caplog: pytest.LogCaptureFixture) -> None:
-    tally = logs.Tally(logging.getLogger("t2"), "{count} events")
+def test_at_info_only_the_first_event_of_a_burst_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tally = logs.Tally(logging.getLogger("t2"), "{count} more events")
     with caplog.at_level(logging.INFO, logger="t2"):
         for i in range(10):
             tally.add("event %d", i)
         tally.flush()
-    assert [r.getMessage() for r in caplog.records] == ["10 events"]
+        tally.add("event %d", 10)  # a lone event: itself, no count
+        tally.flush()
+    assert [r.getMessage() for r in caplog.records] == ["event 0", "9 more events", "event 10"]
 
 
 def test_a_burst_is_logged_by_itself_once_its_window_passed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def main() -> None:
-        tally = logs.Tally(logging.getLogger("t3"), "{count} events", window_s=0.05)
+        tally = logs.Tally(logging.getLogger("t3"), "{count} more events", window_s=0.05)
         for i in range(3):
             tally.add("event %d", i)
         await asyncio.sleep(0.2)
@@ -100,4 +107,4 @@ def test_a_burst_is_logged_by_itself_once_its_window_passed(
 
     with caplog.at_level(logging.INFO, logger="t3"):
         asyncio.run(main())
-    assert [r.getMessage() for r in caplog.records] == ["3 events", "1 events"]
+    assert [r.getMessage() for r in caplog.records] == ["event 0", "2 more events", "event 3"]
