@@ -21,6 +21,7 @@ from schemas.jobs import JobKind
 
 POLL_S = 0.2
 SUMMARY_CHARS = 120
+NAME_CHARS = 28  # a document's name, at most (cut with an ellipsis)
 """A summary in the table: a line or two (the full text is in the results file)."""
 
 
@@ -94,23 +95,28 @@ def _summary(view: JobView | None) -> str:
     return ""
 
 
-def results_table(jobs: list[Tracked]) -> Table:
-    """One short row a document: the summary cut to a line or two (the full text is in
-    the results file ``write_results`` makes)."""
+def results_table(jobs: list[Tracked], width: int = 120) -> Table:
+    """One line a document in a terminal ``width`` wide: the summary cut to what fits
+    (the full text is in the results file ``write_results`` makes)."""
     simulated = any(j.view and j.view.result and j.view.result.get("simulated") for j in jobs)
     title = "Summaries (simulated: the simulator echoes its input)" if simulated else "Summaries"
     table = Table(title=title)
-    table.add_column("document", overflow="fold")
-    table.add_column("state")
-    table.add_column("end-to-end", justify="right")
-    table.add_column("summary", ratio=1)
+    name_width = min(NAME_CHARS, max((len(j.name) for j in jobs), default=8))
+    table.add_column("document", no_wrap=True, overflow="ellipsis", max_width=name_width)
+    table.add_column("state", no_wrap=True)
+    table.add_column("end-to-end", justify="right", no_wrap=True)
+    table.add_column("summary", no_wrap=True, overflow="ellipsis")
+    # The other columns, their padding and the borders: 13 characters and the widest state.
+    room = max(
+        16, min(SUMMARY_CHARS, width - name_width - len("cancelled") - len("end-to-end") - 13)
+    )
     for job in jobs:
         view = job.view
         elapsed = ""
         if view is not None and view.finished_at is not None:
             elapsed = f"{(view.finished_at - view.created_at).total_seconds():.2f}s"
         state = view.state.value if view else "?"
-        table.add_row(job.name, state, elapsed, Text(short(_summary(view))))
+        table.add_row(job.name, state, elapsed, Text(short(_summary(view), room)))
     return table
 
 
@@ -147,7 +153,7 @@ async def run_demo(
         jobs = await submit_all(client, documents, max_tokens=max_tokens, ttl_s=ttl_s)
         console.print(f"submitted {len(jobs)} documents to {api_url}")
         await follow(client, jobs, console)
-    console.print(results_table(jobs))
+    console.print(results_table(jobs, console.width))
     if results is not None:
         write_results(jobs, results)
         console.print(f"full summaries in {results}", highlight=False, soft_wrap=True)

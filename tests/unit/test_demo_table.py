@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from client.demo import Tracked, results_table, short, write_results
@@ -56,12 +57,15 @@ def test_a_summary_is_cut_to_a_line_or_two() -> None:
     assert LONG.startswith(cut[:-1])
 
 
-def test_six_documents_make_a_compact_table() -> None:
-    console = Console(width=120, record=True, color_system=None)
-    console.print(results_table(jobs(6, simulated=True)))
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_six_documents_make_a_row_of_one_line_each(width: int) -> None:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(results_table(jobs(6, simulated=True), width))
+    assert "doc-0.md" in console.export_text(clear=False)
     lines = console.export_text().splitlines()
-    assert len(lines) <= 6 * 2 + 6, "\n".join(lines)
+    assert len(lines) <= 6 + 6, "\n".join(lines)  # title, rules, header, and a line a row
     assert "simulated" in lines[0]
+    assert all(len(line) <= width for line in lines)
 
 
 def test_the_full_summaries_are_in_the_results_file(tmp_path: Path) -> None:
