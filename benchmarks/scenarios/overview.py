@@ -34,8 +34,9 @@ READS = 20
 FILL = """
 INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline, params,
                   created_at, finished_at, held)
-SELECT gen_random_uuid(), 'tenant-' || (i % 10), 'summarize', CAST(:state AS text), 'normal', 'x', 64,
-       now() + interval '1 day', jsonb_build_object('model', (CAST(:models AS text[]))[1 + i % 3]),
+SELECT gen_random_uuid(), 'tenant-' || (i % 10), 'summarize', CAST(:state AS text),
+       'normal', 'x', 64, now() + interval '1 day',
+       jsonb_build_object('model', (CAST(:models AS text[]))[1 + i % 3]),
        now() - (i % 604800) * interval '1 second',
        CASE WHEN CAST(:ended AS boolean) THEN now() - (i % 604800) * interval '1 second' END,
        CAST(:state AS text) = 'queued'
