@@ -46,10 +46,11 @@ def upload(client: OpenAI, tmp_path: Path, custom_ids: list[str]) -> str:
 
 
 def statuses_until_ended(
-    client: OpenAI, batch_id: str, timeout_s: float = 90
+    client: OpenAI, batch_id: str, first: str, timeout_s: float = 90
 ) -> tuple[list[str], Batch]:
-    """Every status retrieve showed, in order (repeats dropped), and the ended batch."""
-    seen: list[str] = []
+    """Every status the batch showed, in order (repeats dropped): ``first`` (what the call
+    that made or changed it answered), then each retrieve's; and the ended batch."""
+    seen: list[str] = [first]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         batch = client.batches.retrieve(batch_id)
@@ -97,7 +98,7 @@ def run_to_the_end(client: OpenAI, tmp_path: Path) -> None:
         file_id,
         {"who": "e2e"},
     )
-    seen, done = statuses_until_ended(client, made.id)
+    seen, done = statuses_until_ended(client, made.id, made.status)
     assert done.status == "completed", done
     order = ["validating", "in_progress", "finalizing", "completed"]
     assert seen[0] == "validating", seen
@@ -153,9 +154,10 @@ def cancel_and_page(client: OpenAI, tmp_path: Path) -> None:
     assert cancelling.status == "cancelling"
     assert cancelling.cancelling_at is not None
     assert cancelling.cancelled_at is None
-    seen, ended = statuses_until_ended(client, made[0].id)
+    seen, ended = statuses_until_ended(client, made[0].id, cancelling.status)
     assert ended.status == "cancelled"
-    assert seen[0] in ("cancelling", "finalizing", "cancelled"), seen
+    assert seen[0] == "cancelling", seen
+    assert seen == sorted(seen, key=["cancelling", "finalizing", "cancelled"].index), seen
     assert ended.cancelled_at is not None
     assert ended.finalizing_at is not None
     assert cancelling.cancelling_at <= ended.finalizing_at <= ended.cancelled_at

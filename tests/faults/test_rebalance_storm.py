@@ -44,6 +44,10 @@ STARTUP_S = 60.0  # for a worker process to serve its metrics (a loaded machine 
 # The zombie's control sweep is slow: it does not learn of the takeover from the database
 # before its jobs end, so only the attempt fence stands between it and a second result.
 ZOMBIE_SWEEP_S = 120.0
+# The zombie's revoke, as it thaws, lets its jobs end for this long before it cancels them:
+# its frozen jobs still had seconds to decode, and only a job that ends meets the fence.
+# Within the group's rebalance timeout (10 s).
+ZOMBIE_DRAIN_S = 8.0
 SEED = 20261207  # the storm's moves are the same on every run; their timing is not
 TERMINAL = {s.value for s in TERMINAL_STATES}
 
@@ -87,7 +91,8 @@ class Storm:
 
     def join(self, **overrides: object) -> Member:
         port = free_port()
-        role = self.started.start("worker", metrics_port=port, drain_timeout_s=DRAIN_S, **overrides)
+        settings = {"drain_timeout_s": DRAIN_S, **overrides}
+        role = self.started.start("worker", metrics_port=port, **settings)
         member = Member(role, port)
         self.members.append(member)
         return member
@@ -162,7 +167,7 @@ class Storm:
             finally:
                 member.role.process.send_signal(signal.SIGCONT)
             # Its revoke lets its jobs end (and be fenced off) within its drain.
-            await asyncio.sleep(2 * DRAIN_S)
+            await asyncio.sleep(ZOMBIE_DRAIN_S + DRAIN_S)
         finally:
             self.freezing = False
 
@@ -248,7 +253,7 @@ async def test_a_rebalance_storm_loses_and_duplicates_nothing(
             # The storm begins under load: the anchor decodes alone (it formed the group,
             # it is the leader), then the zombie-to-be decodes beside it.
             assert await storm.decoding(storm.anchor, within_s=STARTUP_S)
-            zombie = storm.join(control_sweep_s=ZOMBIE_SWEEP_S)
+            zombie = storm.join(control_sweep_s=ZOMBIE_SWEEP_S, drain_timeout_s=ZOMBIE_DRAIN_S)
             assert await storm.decoding(zombie, within_s=STARTUP_S)
             await storm.blow(STORM_S, zombie)
             ids = await submitting
