@@ -38,6 +38,9 @@ class JobTimeline(BaseModel):
     )
     error: dict[str, Any] | None
     engine: str | None = Field(description="The engine that produced the result")
+    served_model: str | None = Field(
+        default=None, description="The model that produced the result, as its engine names it"
+    )
     prompt_tokens: int | None = Field(description="As the engine counted them (a result's)")
     completion_tokens: int | None = Field(
         description="Output tokens decoded by the attempt that ended it (wasted unless it "
@@ -52,6 +55,7 @@ class JobTimeline(BaseModel):
         result = job.result or {}
         prompt = result.get("prompt_tokens")
         engine = result.get("engine")
+        served = result.get("served_model")
         return cls(
             id=job.id,
             tenant=job.tenant,
@@ -70,6 +74,7 @@ class JobTimeline(BaseModel):
             end_reason=(job.error or {}).get("reason"),
             error=job.error,
             engine=engine if isinstance(engine, str) else None,
+            served_model=served if isinstance(served, str) else None,
             prompt_tokens=prompt if isinstance(prompt, int) else None,
             completion_tokens=job.decoded_tokens,
             deliveries=deliveries,

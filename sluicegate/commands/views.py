@@ -139,6 +139,7 @@ def timeline(t: JobTimeline) -> RenderableType:
         ("deadline", _time(t.deadline)),
         ("attempts", str(t.attempts)),
         ("engine", t.engine or NONE),
+        ("served by", t.served_model or NONE),
         ("tokens", f"{_opt(t.prompt_tokens)} in, {_opt(t.completion_tokens)} out"),
     ]
     if t.batch_id:

@@ -159,6 +159,7 @@ def test_a_job_and_a_batch_followed_to_their_end(
             driver, lambda d: text_of(d, "job-state") == "succeeded", "the job succeeded"
         )
         assert text_of(driver, "job-ended") != "—"
+        assert text_of(driver, "served-model") == "sim"  # the model that made the result
         assert not driver.find_elements(By.ID, "cancel-job")
         shot(driver, "job")
 

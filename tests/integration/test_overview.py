@@ -159,7 +159,13 @@ async def test_a_jobs_timeline_has_its_times_tokens_and_deliveries(
         started_at=NOW - timedelta(seconds=8),
         attempt=2,
         decoded_tokens=4,
-        result={"text": "ok", "engine": "sim", "prompt_tokens": 7, "output_tokens": 4},
+        result={
+            "text": "ok",
+            "engine": "sim",
+            "served_model": "sim-served",
+            "prompt_tokens": 7,
+            "output_tokens": 4,
+        },
         params={"model": "sim"},
     )
     async with db.begin() as conn:
@@ -191,6 +197,7 @@ async def test_a_jobs_timeline_has_its_times_tokens_and_deliveries(
     assert timeline["state"] == "succeeded"
     assert timeline["model"] == "sim"
     assert timeline["engine"] == "sim"
+    assert timeline["served_model"] == "sim-served"
     assert (timeline["prompt_tokens"], timeline["completion_tokens"]) == (7, 4)
     assert timeline["attempts"] == 2
     assert timeline["end_reason"] is None
