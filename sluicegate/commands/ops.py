@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
 from rich.console import Console, RenderableType
 from rich.live import Live
@@ -18,8 +19,7 @@ from rich.text import Text
 from client.api import ApiError, SluicegateClient, Unreachable
 from plumbing.aio import wait_first
 from plumbing.settings import Settings
-from schemas.api import JobView
-from schemas.batches import BatchView, InvalidCompletionWindow, window_seconds
+from schemas.batches import InvalidCompletionWindow, window_seconds
 from sluicegate.commands import views
 from sluicegate.commands.client import (
     INPUT,
@@ -34,6 +34,7 @@ from sluicegate.process import run_until_signal
 
 Action = Callable[[SluicegateClient, asyncio.Event], Awaitable[int]]
 TIMEOUT_S = 10.0
+T = TypeVar("T")
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
@@ -154,24 +155,39 @@ def _printing(out: Console) -> Callable[[RenderableType], None]:
     return show
 
 
+class _Page(Protocol[T]):
+    data: list[T]
+    next_after: str | None
+
+
+async def _up_to(
+    limit: int, page_of: Callable[[str | None, int], Awaitable[_Page[T]]]
+) -> tuple[list[T], bool]:
+    """Pages of at most 100 until ``limit`` items; the items, and whether there are more."""
+    found: list[T] = []
+    after: str | None = None
+    while len(found) < limit:
+        page = await page_of(after, min(100, limit - len(found)))
+        found += page.data
+        after = page.next_after
+        if after is None:
+            return found, False
+    return found, after is not None
+
+
 def _jobs(out: Console, args: argparse.Namespace) -> Action:
     async def action(client: SluicegateClient, stop: asyncio.Event) -> int:
-        found: list[JobView] = []
-        after, more = None, False
-        while len(found) < args.limit:
-            page = await client.list_jobs(
+        found, more = await _up_to(
+            args.limit,
+            lambda after, limit: client.list_jobs(
                 states=args.state,
                 model=args.model,
                 tenant=args.tenant,
                 batch_id=args.batch,
                 after=after,
-                limit=min(100, args.limit - len(found)),
-            )
-            found += page.data
-            after = page.next_after
-            more = after is not None
-            if not more:
-                break
+                limit=limit,
+            ),
+        )
         out.print(views.job_list(found, more))
         return 0
 
@@ -188,21 +204,16 @@ def _show(out: Console, job_id: str) -> Action:
 
 def _batches(out: Console, args: argparse.Namespace) -> Action:
     async def action(client: SluicegateClient, stop: asyncio.Event) -> int:
-        found: list[BatchView] = []
-        after, more = None, False
-        while len(found) < args.limit:
-            page = await client.list_batches(
+        found, more = await _up_to(
+            args.limit,
+            lambda after, limit: client.list_batches(
                 statuses=args.status,
                 model=args.model,
                 tenant=args.tenant,
                 after=after,
-                limit=min(100, args.limit - len(found)),
-            )
-            found += page.data
-            after = page.next_after
-            more = after is not None
-            if not more:
-                break
+                limit=limit,
+            ),
+        )
         out.print(views.batch_list(found, more))
         return 0
 
