@@ -166,3 +166,28 @@ async def retrying(
         with attempt:
             return await op()
     raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+async def in_rounds(
+    operation: str,
+    step: Callable[[], Awaitable[object]],
+    stop: asyncio.Event,
+    wake: asyncio.Event,
+    *,
+    interval_s: float,
+    min_gap_s: float,
+    logger: logging.Logger,
+    name: str,
+) -> None:
+    """Run ``step`` at each ``wake`` and every ``interval_s``, rounds at least ``min_gap_s``
+    apart, until ``stop``. A round failed by the database or the network is logged (as
+    ``name``), counted as a retry of ``operation``, and tried again at the next round."""
+    while not stop.is_set():
+        wake.clear()
+        try:
+            await step()
+        except (DBAPIError, OSError) as exc:
+            count(operation, exc)
+            logger.warning("%s: round failed, retrying: %r", name, exc)
+        await wait_first(stop, limit_s=min_gap_s)
+        await wait_first(stop, wake, limit_s=interval_s)

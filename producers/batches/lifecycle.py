@@ -17,10 +17,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from sqlalchemy.exc import DBAPIError
-
-from plumbing.aio import wait_first
-from plumbing.retry import count as count_retry
+from plumbing.retry import in_rounds
 from producers.batches.lifecycle_repository import Checker, LifecycleStore
 
 log = logging.getLogger(__name__)
@@ -66,12 +63,13 @@ class Lifecycle:
         return changed
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            self._wake.clear()
-            try:
-                await self.step()
-            except (DBAPIError, OSError) as exc:
-                count_retry("batch_lifecycle", exc)
-                log.warning("batch lifecycle: round failed, retrying: %r", exc)
-            await wait_first(stop, limit_s=MIN_GAP_S)
-            await wait_first(stop, self._wake, limit_s=self._interval_s)
+        await in_rounds(
+            "batch_lifecycle",
+            self.step,
+            stop,
+            self._wake,
+            interval_s=self._interval_s,
+            min_gap_s=MIN_GAP_S,
+            logger=log,
+            name="batch lifecycle",
+        )

@@ -23,10 +23,7 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from sqlalchemy.exc import DBAPIError
-
-from plumbing.aio import wait_first
-from plumbing.retry import count as count_retry
+from plumbing.retry import in_rounds
 from producers.admission.controller import AdmissionController
 from producers.batches.meter_repository import Backlog, MeterStore, Round
 from producers.metrics import METERED
@@ -119,12 +116,13 @@ class Meter:
         return done
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            self._wake.clear()
-            try:
-                await self.step()
-            except (DBAPIError, OSError) as exc:
-                count_retry("meter_round", exc)
-                log.warning("meter: round failed, retrying: %r", exc)
-            await wait_first(stop, limit_s=MIN_GAP_S)
-            await wait_first(stop, self._wake, limit_s=self._interval_s)
+        await in_rounds(
+            "meter_round",
+            self.step,
+            stop,
+            self._wake,
+            interval_s=self._interval_s,
+            min_gap_s=MIN_GAP_S,
+            logger=log,
+            name="meter",
+        )
