@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import ColumnElement, exists, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from producers.batches.input import CHUNK, FileValidation, RequestChecker
@@ -65,19 +65,7 @@ class LifecycleStore:
         """Check the next ``validating`` batch: ``in_progress`` with its jobs (held for
         the meter), or ``failed`` with its bad lines and no job; None when none waits."""
         async with self._engine.begin() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        select(batches)
-                        .where(batches.c.status == "validating")
-                        .order_by(batches.c.created_at)
-                        .limit(1)
-                        .with_for_update(skip_locked=True)
-                    )
-                )
-                .mappings()
-                .first()
-            )
+            row = await _take_next(conn, "validating", batches.c.created_at)
             if row is None:
                 return None
             batch_id = str(row["id"])
@@ -147,19 +135,7 @@ class LifecycleStore:
         ``batch_output``; none for a part without lines) and end it: completed, expired or
         cancelled. None when none is finalizing."""
         async with self._engine.begin() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        select(batches)
-                        .where(batches.c.status == "finalizing")
-                        .order_by(batches.c.finalizing_at)
-                        .limit(1)
-                        .with_for_update(skip_locked=True)
-                    )
-                )
-                .mappings()
-                .first()
-            )
+            row = await _take_next(conn, "finalizing", batches.c.finalizing_at)
             if row is None:
                 return None
             batch_id = str(row["id"])
@@ -193,3 +169,18 @@ class LifecycleStore:
             keep_empty=False,
         )
         return None if made is None else made.id
+
+
+async def _take_next(
+    conn: AsyncConnection, status: str, oldest: ColumnElement[Any]
+) -> Mapping[Any, Any] | None:
+    """The next batch in ``status`` (the oldest by ``oldest``), locked for this transaction;
+    one another API's round holds is passed over (SKIP LOCKED)."""
+    query = (
+        select(batches)
+        .where(batches.c.status == status)
+        .order_by(oldest)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    return (await conn.execute(query)).mappings().first()
