@@ -25,7 +25,7 @@ from schemas.states import TERMINAL_STATES, JobState
 from schemas.tables import jobs, outbox
 from sluicegate.local.embedded import free_port
 from tests.faults.outcomes import DOC, states, until
-from tests.faults.processes import Role, Roles, jobs_running, roles
+from tests.faults.processes import Role, Roles, holds, jobs_running, roles
 from tests.integration.serving import serve
 from tests.support.topics import caught_up
 from workers.repository import Claimed, WorkerRepository
@@ -142,15 +142,21 @@ class Storm:
 
     async def freeze(self, member: Member) -> None:
         """SIGSTOP while it decodes, past its session timeout; SIGCONT as soon as a job
-        that was running then has been claimed again (the group gave the frozen worker's
-        partitions away), so the new attempts still decode when the zombie's own resume."""
+        of its partitions that was running then has been claimed again (the group gave
+        the frozen worker's partitions away), so the new attempts still decode when the
+        zombie's own resume. A job of another worker's partitions taken over meanwhile (a
+        kill of the storm) says nothing of the zombie: it is not counted."""
         self.zombie, self.freezing = member, True
         try:
             if not await self.decoding(member, within_s=FREEZE_MAX_S):
                 return
+            partitions = holds(member.role)
             async with self.db.connect() as conn:
                 running = await conn.scalars(
-                    select(jobs.c.id).where(jobs.c.state == JobState.RUNNING.value)
+                    select(jobs.c.id).where(
+                        jobs.c.state == JobState.RUNNING.value,
+                        jobs.c.dispatch_partition.in_(partitions),
+                    )
                 )
                 ids = [str(job) for job in running]
             before = await states(self.db, ids)
