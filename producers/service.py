@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from plumbing.db import make_engine
 from plumbing.logs import uvicorn_log_config
 from plumbing.metrics import serve as serve_metrics
+from plumbing.pools import Pools
 from plumbing.settings import Settings
 from producers.api.app import create_app
 from producers.outbox.config import OutboxConfig
@@ -75,13 +76,21 @@ async def run_relay(settings: Settings, stop: asyncio.Event) -> None:
     serve_metrics("relay", settings.metrics_port)
     db = make_engine(settings.require_database_url(), pool_size=2)
     try:
-        store = OutboxStore(db, dispatch_topic=settings.dispatch_topic)
         config = OutboxConfig.of(settings)
-        reconciler = Reconciler(config, store, LogReader(config.bootstrap, config.kafka))
+        store = OutboxStore(
+            db, dispatch_topic=settings.dispatch_topic, dispatch_topics=config.dispatch_topics
+        )
         pruner = Pruner(settings.retention, RetentionStore(db))
         async with asyncio.TaskGroup() as group:
             group.create_task(OutboxRelay(config, store).run(stop))
-            group.create_task(reconciler.run(stop))
+            for pool in Pools(settings):  # each pool's records against its topic's log
+                own = OutboxConfig.of(pool.settings)
+                reconciler = Reconciler(
+                    own,
+                    OutboxStore(db, dispatch_topic=pool.topic, first=pool.first),
+                    LogReader(own.bootstrap, own.kafka),
+                )
+                group.create_task(reconciler.run(stop))
             group.create_task(pruner.run(stop))
     finally:
         await db.dispose()

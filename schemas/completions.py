@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from schemas.errors import InvalidRequest, SluicegateError
 
@@ -56,13 +56,26 @@ class CompletionFailed(SluicegateError):
     status = 502
 
 
+class PoolState(BaseModel):
+    """Sluicegate's own, beside OpenAI's fields: the model's worker pool now."""
+
+    topic: str = Field(description="Its dispatch topic")
+    consumer_group: str = Field(description="Its workers' consumer group")
+    workers: int = Field(description="Its workers that reported lately")
+    capacity: int = Field(description="Jobs those workers can run at once")
+    running: int = Field(description="Jobs they run now")
+    lag: int | None = Field(description="Its group's lag (None: unknown)")
+    admission: str = Field(description="open, throttling, refusing or unknown")
+
+
 class Model(BaseModel):
-    """OpenAI's model object."""
+    """OpenAI's model object; ``pool`` is Sluicegate's own."""
 
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "sluicegate"
+    pool: PoolState | None = None
 
 
 class ModelList(BaseModel):

@@ -76,6 +76,9 @@ jobs = Table(
     # Where the job's latest dispatch record lies: the log (the broker cluster's id), the
     # partition and the offset the broker acknowledged. The reconciler compares them with
     # the broker's log to find records that are gone (producers/outbox/reconciler.py).
+    # The topic of its model's worker pool, set when the job is stored (None: stored before
+    # pools, the first pool's).
+    Column("dispatch_topic", Text, nullable=True),
     Column("dispatch_log", Text, nullable=True),
     Column("dispatch_partition", Integer, nullable=True),
     Column("dispatch_offset", BigInteger, nullable=True),

@@ -87,6 +87,13 @@ def _stack_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "runs a llama.cpp server with the pulled model for each worker",
     )
     up.add_argument("--broker", choices=BROKERS, default=None, help=BROKER_HELP)
+    up.add_argument(
+        "--models",
+        default=None,
+        help="serve these models, comma-separated (alpha,beta): a worker pool each, with "
+        "--workers workers each, on the chosen engine; each pool's own settings come from "
+        "SLUICEGATE_POOLS where it names them (default: one pool)",
+    )
     dm = sub.add_parser("demo", help="run the stack, summarize documents, print the results")
     dm.add_argument("--broker", choices=BROKERS, default=None, help=BROKER_HELP)
     dm.add_argument("dir", nargs="?", type=Path, help="documents (default: bundled samples)")

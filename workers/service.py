@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from plumbing.db import make_engine
 from plumbing.kafka import close_client, make_consumer
 from plumbing.metrics import serve as serve_metrics
+from plumbing.pools import Pools
 from plumbing.retry import Stopped, outage, retrying
 from plumbing.settings import Engines, Settings
 from plumbing.settings.engines import SimSettings
@@ -112,7 +113,10 @@ def build_presence(
     return Presence(
         PresenceRepository(db),
         worker=worker_id(own.worker_group_instance_id),
-        model=engine.served_model,  # as the started engine names it
+        # Its pool's model; without pools, as the started engine names it.
+        model=settings.worker_model
+        if settings.pools and settings.worker_model
+        else engine.served_model,
         engine=engine,
         gate=gate,
         interval_s=own.worker_report_s,
@@ -153,8 +157,11 @@ async def run_worker(
     engine: InferenceEngine | None = None,
     on_worker: Callable[[Worker], None] | None = None,
 ) -> None:
-    """Run one worker until ``stop``. ``on_worker`` is shown the worker before it starts
+    """Run one worker until ``stop``, in the pool of its model (``worker_model``: its
+    topic, its group, its settings). ``on_worker`` is shown the worker before it starts
     (tests and benchmarks watch it)."""
+    pool = Pools(settings).for_worker()
+    settings = pool.settings
     serve_metrics("worker", settings.metrics_port)
     own = settings.worker
     inference = engine if engine is not None else build_engine(own.engine, settings.engines)

@@ -3,14 +3,18 @@ in groups by role, one class each; docs/settings.md lists them (tools/settingsdo
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
+
+from pydantic import model_validator
 
 from plumbing.settings.admission import AdmissionSettings
 from plumbing.settings.api import ApiSettings
 from plumbing.settings.base import MissingSetting, SettingsGroup
 from plumbing.settings.engines import LlamacppSettings, SimSettings, VllmSettings
 from plumbing.settings.kafka import KafkaSettings
+from plumbing.settings.pools import PoolSettings
 from plumbing.settings.relay import RelaySettings
 from plumbing.settings.retention import RetentionSettings
 from plumbing.settings.services import CommonSettings, LocalStackSettings, default_data_dir
@@ -30,6 +34,7 @@ class Settings(
     CommonSettings,
     LocalStackSettings,
     KafkaSettings,
+    PoolSettings,
     ApiSettings,
     AdmissionSettings,
     RelaySettings,
@@ -45,6 +50,34 @@ class Settings(
     ``settings.engines.llamacpp``, ...), or the few values it reads; the process entry
     points that wire components take the whole object."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _models_of_pools(cls, data: Any) -> Any:
+        """With pools, the names a request may give are the pools' models."""
+        if isinstance(data, dict) and data.get("pools"):
+            pools = data["pools"]
+            if isinstance(pools, str):
+                pools = json.loads(pools)
+            if isinstance(pools, dict):
+                data = {**data, "models": list(pools)}
+        return data
+
+    @model_validator(mode="after")
+    def _pools_name_settings(self) -> Settings:
+        for model, overrides in self.pools.items():
+            unknown = sorted(
+                set(overrides) - set(type(self).model_fields) | set(overrides) & _NOT_PER_POOL
+            )
+            if unknown:
+                raise ValueError(
+                    f"pools: the pool of {model!r} sets {', '.join(unknown)}, which are not "
+                    "settings a pool may set"
+                )
+        if self.worker_model is not None and self.pools and self.worker_model not in self.pools:
+            pools = ", ".join(self.pools)
+            raise ValueError(f"worker_model {self.worker_model!r} is not one of the pools: {pools}")
+        return self
+
     @property
     def services(self) -> CommonSettings:
         return _group(self, CommonSettings)
@@ -56,6 +89,10 @@ class Settings(
     @property
     def kafka(self) -> KafkaSettings:
         return _group(self, KafkaSettings)
+
+    @property
+    def pool(self) -> PoolSettings:
+        return _group(self, PoolSettings)
 
     @property
     def api(self) -> ApiSettings:
@@ -98,6 +135,9 @@ class Engines:
     vllm: VllmSettings
     llamacpp: LlamacppSettings
 
+
+# What every pool shares: the pools themselves, the names, where the services are.
+_NOT_PER_POOL = {"pools", "models", "worker_model", "database_url", "events_topic"}
 
 G = TypeVar("G", bound=SettingsGroup)
 

@@ -28,6 +28,7 @@ from producers.lag.estimate import LagEstimate
 from producers.lag.monitor import LagMonitor
 from producers.lag.rule import LagSnapshot
 from producers.metrics import ADMISSIONS, BLOCKED
+from schemas.constants import DEFAULT_MODEL
 from schemas.jobs import Priority
 
 
@@ -64,7 +65,12 @@ class AdmissionController:
         monitor: LagMonitor,
         limits: TenantLimits,
         estimate: LagEstimate,
+        *,
+        model: str = DEFAULT_MODEL,
     ) -> None:
+        """One pool's admission (``model``: its model, the label of its metrics): its lag
+        and drain rate (``monitor``); ``limits`` are the tenants', shared by every pool."""
+        self.model = model
         self._policy = policy
         self._monitor = monitor
         self._limits = limits
@@ -101,11 +107,11 @@ class AdmissionController:
         try:
             admitted = await self._admit(tenant, priority, prompt_tokens, max_tokens, deadline, now)
         except Refused as refused:
-            ADMISSIONS.labels(outcome="rejected", reason=refused.reason).inc()
+            ADMISSIONS.labels(outcome="rejected", reason=refused.reason, model=self.model).inc()
             raise
         self.estimate.record_admission()
         outcome = "blocked_then_accepted" if admitted.blocked_s > 0 else "accepted"
-        ADMISSIONS.labels(outcome=outcome, reason="ok").inc()
+        ADMISSIONS.labels(outcome=outcome, reason="ok", model=self.model).inc()
         return admitted
 
     def admit_batch(
@@ -140,9 +146,9 @@ class AdmissionController:
                 self._limits.give_back(tenant, 0)
                 raise refused
         except Refused as refused:
-            ADMISSIONS.labels(outcome="rejected", reason=refused.reason).inc()
+            ADMISSIONS.labels(outcome="rejected", reason=refused.reason, model=self.model).inc()
             raise
-        ADMISSIONS.labels(outcome="accepted", reason="ok").inc()
+        ADMISSIONS.labels(outcome="accepted", reason="ok", model=self.model).inc()
 
     def status(self) -> AdmissionStatus:
         """What a normal-priority submit meets now (for the overview; decides nothing)."""
@@ -286,7 +292,7 @@ class AdmissionController:
 
     async def _block(self, priority: Priority, max_tokens: int) -> Admitted:
         self._blocked += 1
-        BLOCKED.set(self._blocked)
+        BLOCKED.labels(model=self.model).set(self._blocked)
         started = time.monotonic()
         deadline = started + self._policy.max_block_s
         try:
@@ -306,7 +312,7 @@ class AdmissionController:
                     return Admitted(blocked_s=time.monotonic() - started)
         finally:
             self._blocked -= 1
-            BLOCKED.set(self._blocked)
+            BLOCKED.labels(model=self.model).set(self._blocked)
 
     def _over(self, lag: LagSnapshot, reason: str, target: int, max_tokens: int) -> Refused:
         return self._policy.over(lag, reason, target, max_tokens, running=self._running)

@@ -23,19 +23,25 @@ async def report_flow(
     monitor: LagMonitor,
     stop: asyncio.Event,
     on_flow: Callable[[Flow], None] | None = None,
+    pool: tuple[str, bool] | None = None,
 ) -> None:
     """Every FLOW_INTERVAL_S: in-flight jobs and W as metrics, and the reading to
-    ``on_flow`` (the admission controller's queue and service estimates)."""
+    ``on_flow`` (the admission controller's queue and service estimates); of one pool's
+    jobs, with ``pool`` (its dispatch topic, and whether it is the first pool), labelled
+    with its monitor's model."""
+    model = monitor.model
     while not stop.is_set():
         try:
-            flow = await repo.flow()
+            flow = await (repo.flow(*pool) if pool is not None else repo.flow())
         except (DBAPIError, OSError) as exc:
             log.warning("flow metrics unavailable: %r", exc)
         else:
-            IN_FLIGHT.set(flow.in_flight)
+            IN_FLIGHT.labels(model=model).set(flow.in_flight)
             if on_flow is not None:
                 on_flow(flow)
             if flow.mean_latency_s is not None:
-                LATENCY_W.set(flow.mean_latency_s)
-                LITTLE_L.set((monitor.snapshot().arrival_rate or 0.0) * flow.mean_latency_s)
+                LATENCY_W.labels(model=model).set(flow.mean_latency_s)
+                LITTLE_L.labels(model=model).set(
+                    (monitor.snapshot().arrival_rate or 0.0) * flow.mean_latency_s
+                )
         await wait_first(stop, limit_s=FLOW_INTERVAL_S)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -25,15 +25,15 @@ from starlette.exceptions import HTTPException
 from plumbing.retry import IN_REQUEST, retrying
 from producers.api import openapi
 from producers.api.deps import (
-    Admission,
     AppSettings,
     Batches,
     CallerOf,
     Files,
     Lifecycle,
-    Meter,
+    Pools,
     Tenant,
 )
+from producers.api.pools import PoolRouter
 from producers.batches.input import (
     RequestChecker,
     check_all,
@@ -149,6 +149,32 @@ async def _file_lines(body: CreateBatch, files: FileStore, tenant: str) -> int:
     return max(1, lines)
 
 
+def _admitting(
+    pools: PoolRouter,
+    tenant: str,
+    deadline: datetime,
+    now: datetime,
+    models: Callable[[], Mapping[str | None, int]],
+    max_tokens: int | Callable[[], int],
+) -> Callable[[int, Mapping[str, int]], None]:
+    """A batch's admission, once its jobs are counted: the lines of each model (``models``;
+    none counted: all on the first pool) on that model's pool."""
+
+    def admit(jobs: int, held: Mapping[str, int]) -> None:
+        tokens = max_tokens if isinstance(max_tokens, int) else max_tokens()
+        for model, count in (dict(models()) or {None: jobs}).items():
+            pools.of(model).admission.admit_batch(
+                tenant=tenant,
+                jobs=count,
+                ahead=held_ahead(held, tenant, count),
+                max_tokens=tokens,
+                deadline=deadline,
+                now=now,
+            )
+
+    return admit
+
+
 @router.post(
     "",
     status_code=201,
@@ -168,10 +194,9 @@ async def create_batch(
     request: Request,
     tenant: Tenant,
     settings: AppSettings,
-    admission: Admission,
+    pools: Pools,
     store: Batches,
     files: Files,
-    meter: Meter,
     lifecycle: Lifecycle,
     idempotency_key: Annotated[
         str | None,
@@ -193,17 +218,9 @@ async def create_batch(
     if body.input_file_id is not None:  # OpenAI's flow: validating, checked in the batch
         lines = await _file_lines(body, files, tenant)
 
-        def admit_file(jobs: int, held: Mapping[str, int]) -> None:
-            # Each line's max_tokens is known once it is checked: the least (1) here.
-            admission.admit_batch(
-                tenant=tenant,
-                jobs=jobs,
-                ahead=held_ahead(held, tenant, jobs),
-                max_tokens=1,
-                deadline=new.deadline,
-                now=now,
-            )
-
+        # Each line's max_tokens and model are known once it is checked: the least (1)
+        # and the first pool's here.
+        admit_file = _admitting(pools, tenant, new.deadline, now, dict, 1)
         view, created = await store.create_validating(new, lines=lines, admit=admit_file)
         if created:
             lifecycle.wake()
@@ -212,19 +229,13 @@ async def create_batch(
     assert body.requests is not None
     chunks = chunked(check_all(body.requests, checker))
 
-    def admit(jobs: int, held: Mapping[str, int]) -> None:
-        admission.admit_batch(
-            tenant=tenant,
-            jobs=jobs,
-            ahead=held_ahead(held, tenant, jobs),
-            max_tokens=checker.max_tokens,
-            deadline=new.deadline,
-            now=now,
-        )
-
+    # Each model's lines on its own pool's lag and speed.
+    admit = _admitting(
+        pools, tenant, new.deadline, now, lambda: checker.models, lambda: checker.max_tokens
+    )
     view, created = await store.create(new, chunks, endpoint=checker.finish, admit=admit)
     if created:
-        meter.wake()
+        pools.wake_meters()
         for kind, n in checker.kinds.items():
             SUBMITTED.labels(kind=kind, priority=new.priority.value).inc(n)
     return _created(view, created)

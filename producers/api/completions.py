@@ -18,8 +18,10 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from producers.api import openapi
-from producers.api.deps import Admission, AppSettings, Groups, Tenant, Waits
+from producers.api.deps import AppSettings, Groups, Overviews, Pools, Tenant, Waits
 from producers.api.jobs import admitted
+from producers.api.overview import STALE_INTERVALS
+from producers.api.pools import pool_state
 from producers.files.checks import validation_message
 from producers.jobs.submission import new_job
 from schemas import constants
@@ -126,7 +128,7 @@ async def _complete(
     request: Request,
     tenant: str,
     settings: AppSettings,
-    admission: Admission,
+    pools: Pools,
     groups: Groups,
     waiting: Waits,
     deadline_header: float | None,
@@ -135,7 +137,7 @@ async def _complete(
     submit = _submit(url, await _json(request), deadline_s)
     now = datetime.now(UTC)
     new = new_job(submit, tenant=tenant, header_key=None, now=now, api=settings.api)
-    job, _ = await admitted(admission, groups, new, now)
+    job, _ = await admitted(pools, groups, new, now)
     job = await waiting.job(tenant, job.id, deadline_s + GRACE_S, request.receive)
     return _answer(url, job)
 
@@ -149,14 +151,14 @@ async def chat_completions(
     request: Request,
     tenant: Tenant,
     settings: AppSettings,
-    admission: Admission,
+    pools: Pools,
     groups: Groups,
     waiting: Waits,
     deadline: DeadlineHeader = None,
 ) -> JSONResponse:
     """OpenAI's ``chat.completion`` with ``usage``, once the job ended; its id is in
     ``X-Sluicegate-Job-Id`` (and ``GET /v1/jobs/{id}``)."""
-    args = (request, tenant, settings, admission, groups, waiting, deadline)
+    args = (request, tenant, settings, pools, groups, waiting, deadline)
     return await _complete("/v1/chat/completions", *args)
 
 
@@ -169,23 +171,37 @@ async def completions(
     request: Request,
     tenant: Tenant,
     settings: AppSettings,
-    admission: Admission,
+    pools: Pools,
     groups: Groups,
     waiting: Waits,
     deadline: DeadlineHeader = None,
 ) -> JSONResponse:
     """OpenAI's ``text_completion`` with ``usage``, once the job ended."""
-    args = (request, tenant, settings, admission, groups, waiting, deadline)
+    args = (request, tenant, settings, pools, groups, waiting, deadline)
     return await _complete("/v1/completions", *args)
 
 
 @router.get("/v1/models", response_model=ModelList, summary="List the served models")
-async def list_models(settings: AppSettings, _: Tenant) -> ModelList:
-    """The names a request's ``model`` may give (setting ``models``)."""
-    return ModelList(data=[Model(id=name, created=_STARTED) for name in settings.api.models])
+async def list_models(
+    settings: AppSettings, pools: Pools, overviews: Overviews, _: Tenant
+) -> ModelList:
+    """The names a request's ``model`` may give (a pool each, with ``SLUICEGATE_POOLS``;
+    else setting ``models``), each with its pool's state (``pool``)."""
+    workers = await overviews.workers()
+    stale_s = STALE_INTERVALS * settings.worker_report_s
+    return ModelList(
+        data=[
+            Model(id=name, created=_STARTED, pool=pool_state(pools.of(name), workers, stale_s))
+            for name in settings.api.models
+        ]
+    )
 
 
 @router.get("/v1/models/{model:path}", response_model=Model, summary="Read a served model")
-async def get_model(model: str, settings: AppSettings, _: Tenant) -> Model:
+async def get_model(
+    model: str, settings: AppSettings, pools: Pools, overviews: Overviews, _: Tenant
+) -> Model:
     check_model(model, settings.api.models)
-    return Model(id=model, created=_STARTED)
+    stale_s = STALE_INTERVALS * settings.worker_report_s
+    state = pool_state(pools.of(model), await overviews.workers(), stale_s)
+    return Model(id=model, created=_STARTED, pool=state)

@@ -13,6 +13,7 @@ from fastapi import Depends, Header, Request
 
 from plumbing.settings import Settings
 from producers.admission.controller import AdmissionController
+from producers.api.pools import PoolRouter
 from producers.api.waiting import Waiting
 from producers.batches.lifecycle import Lifecycle as BatchLifecycle
 from producers.batches.meter import Meter as BatchMeter
@@ -47,6 +48,11 @@ async def group_commit(request: Request) -> GroupCommit:
 async def admission(request: Request) -> AdmissionController:
     controller: AdmissionController = request.app.state.admission
     return controller
+
+
+async def pool_router(request: Request) -> PoolRouter:
+    router: PoolRouter = request.app.state.pools
+    return router
 
 
 async def lag_monitor(request: Request) -> LagMonitor:
@@ -98,6 +104,7 @@ AppSettings = Annotated[Settings, Depends(settings)]
 Jobs = Annotated[JobRepository, Depends(job_repository)]
 Groups = Annotated[GroupCommit, Depends(group_commit)]
 Admission = Annotated[AdmissionController, Depends(admission)]
+Pools = Annotated[PoolRouter, Depends(pool_router)]
 Monitor = Annotated[LagMonitor, Depends(lag_monitor)]
 Waits = Annotated[Waiting, Depends(waiting)]
 Batches = Annotated[BatchStore, Depends(batch_store)]

@@ -10,19 +10,19 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from plumbing.retry import IN_REQUEST, retrying
-from producers.admission.controller import AdmissionController
 from producers.api import openapi
 from producers.api.deps import (
-    Admission,
     AppSettings,
     CallerOf,
     Groups,
     Jobs,
     Monitor,
+    Pools,
     Tenant,
     Waits,
     Webhooks,
 )
+from producers.api.pools import PoolRouter
 from producers.api.waiting import wait_limit
 from producers.jobs import status
 from producers.jobs.group_commit import GroupCommit
@@ -69,10 +69,11 @@ def _status_url(job_id: str) -> str:
 
 
 async def admitted(
-    admission: AdmissionController, groups: GroupCommit, new: NewJob, now: datetime
+    pools: PoolRouter, groups: GroupCommit, new: NewJob, now: datetime
 ) -> tuple[Job, bool]:
     """The job stored (True) or the one stored first under its idempotency key (False),
-    once admission let it in; the admission is told which."""
+    once its model's pool's admission let it in; the admission is told which."""
+    admission = pools.of((new.params or {}).get("model")).admission
     await admission.admit(
         tenant=new.tenant,
         priority=new.priority,
@@ -121,7 +122,7 @@ async def submit(
     request: Request,
     tenant: Tenant,
     settings: AppSettings,
-    admission: Admission,
+    pools: Pools,
     groups: Groups,
     waiting: Waits,
     idempotency_key: Annotated[
@@ -132,7 +133,7 @@ async def submit(
     wait = wait_limit(wait, settings.max_wait_s)  # refused before anything is stored
     now = datetime.now(UTC)
     new = new_job(body, tenant=tenant, header_key=idempotency_key, now=now, api=settings.api)
-    job, created = await admitted(admission, groups, new, now)
+    job, created = await admitted(pools, groups, new, now)
     headers = {"Location": _status_url(job.id)}
     if not created:
         headers[constants.HEADER_IDEMPOTENT_REPLAY] = "true"

@@ -4,7 +4,7 @@ background tasks while the app serves, and close everything after it stopped."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
 
@@ -14,22 +14,21 @@ from starlette.datastructures import State
 
 from plumbing.db import make_engine
 from plumbing.notify import Listener
+from plumbing.pools import Pool, Pools
 from plumbing.settings import Settings
 from producers.admission.controller import AdmissionController
 from producers.admission.flow import report_flow
-from producers.admission.policy import Policy
 from producers.admission.ratelimit import TenantLimits
+from producers.api.pools import PoolRouter, lag_source, pool_services
 from producers.api.waiting import Reads, Waiters
 from producers.batches.input import RequestChecker
 from producers.batches.lifecycle import Lifecycle
 from producers.batches.lifecycle_repository import LifecycleStore
 from producers.batches.meter import Meter
-from producers.batches.meter_repository import MeterStore
 from producers.batches.repository import BatchStore
 from producers.files.repository import FileStore
 from producers.jobs.group_commit import GroupCommit
 from producers.jobs.repository import JobRepository
-from producers.lag.estimate import LagEstimate
 from producers.lag.kafka import KafkaLagSource
 from producers.lag.monitor import LagMonitor, LagSource
 from producers.lag.shared import SharedLagSource
@@ -42,13 +41,15 @@ from schemas import constants
 @dataclass(frozen=True, kw_only=True)
 class Services:
     """What the routes reach through their dependencies (``producers.api.deps``); each
-    field is published on ``app.state`` under its own name."""
+    field is published on ``app.state`` under its own name. ``admission``, ``monitor`` and
+    ``meter`` are the first pool's; ``pools`` has every pool's."""
 
     repo: JobRepository
     group_commit: GroupCommit
     batches: BatchStore
     files: FileStore
     keys: KeyStore
+    pools: PoolRouter
     admission: AdmissionController
     monitor: LagMonitor
     meter: Meter
@@ -64,8 +65,8 @@ class Services:
 @dataclass(frozen=True, kw_only=True)
 class Lifespan:
     """FastAPI's ``lifespan=``: ``engine`` (None: one of the settings' database, disposed
-    at the end) and ``lag_source`` (None: the dispatch topic's consumer lag) as given to
-    ``create_app``."""
+    at the end) and ``lag_source`` (None: each pool's consumer lag; given, the first
+    pool's) as given to ``create_app``."""
 
     settings: Settings
     engine: AsyncEngine | None = None
@@ -75,68 +76,57 @@ class Lifespan:
     async def __call__(self, app: FastAPI) -> AsyncIterator[None]:
         async with (
             _engines(self.settings, self.engine) as (db, submit_db),
-            _lag_source(self.settings, db, self.lag_source) as source,
+            _lag_sources(self.settings, db, self.lag_source) as sources,
         ):
-            services = build(self.settings, db, submit_db, source)
+            services = build(self.settings, db, submit_db, sources)
             services.publish(app.state)
-            await services.monitor.refresh()  # serve with a reading, not with "unknown"
+            for pool in services.pools:  # serve with a reading, not with "unknown"
+                await pool.monitor.refresh()
             async with _background(services, db, self.settings.lag_interval_s):
                 yield
 
 
 def build(
-    settings: Settings, db: AsyncEngine, submit_db: AsyncEngine, source: LagSource
+    settings: Settings,
+    db: AsyncEngine,
+    submit_db: AsyncEngine,
+    sources: Sequence[tuple[Pool, LagSource]],
 ) -> Services:
+    pools = Pools(settings)
     repo = JobRepository(
         db,
         dispatch_topic=settings.dispatch_topic,
         events_topic=settings.events_topic,
         autocommit=submit_db,
+        topic_of=lambda model: pools.of(model).topic,
     )
-    estimate = LagEstimate()
-    monitor = LagMonitor(
-        source,
-        estimate=estimate,
-        interval_s=settings.lag_interval_s,
-        stale_after_s=settings.lag_stale_after_s,
+    limits = TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm)
+    router = PoolRouter(
+        pools, [pool_services(pool, db, source, limits) for pool, source in sources]
     )
-    admission = AdmissionController(
-        Policy.of(settings.admission, speed_min_samples=settings.speed_min_samples),
-        monitor,
-        TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm),
-        estimate,
+    batches = BatchStore(
+        db, events_topic=settings.events_topic, topic_of=lambda model: pools.of(model).topic
     )
-    batches = BatchStore(db, events_topic=settings.events_topic)
     files = FileStore(db)
-    meter = _meter(settings, db, admission)
+    first = router.first
     return Services(
         repo=repo,
         group_commit=GroupCommit.of(repo, settings.api),
         batches=batches,
         files=files,
         keys=KeyStore(db, cache_s=settings.api_key_cache_s),
-        admission=admission,
-        monitor=monitor,
-        meter=meter,
+        pools=router,
+        admission=first.admission,
+        monitor=first.monitor,
+        meter=first.meter,
         lifecycle=Lifecycle(
             LifecycleStore(db, batches, files),
             lambda endpoint: RequestChecker(settings.api, endpoint=endpoint),
             interval_s=settings.lag_interval_s,
-            released=meter.wake,
+            released=router.wake_meters,
         ),
         waiters=Waiters(limit=settings.api_max_connections),
         reads=Reads(repo),
-    )
-
-
-def _meter(settings: Settings, db: AsyncEngine, admission: AdmissionController) -> Meter:
-    return Meter(
-        MeterStore(db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic),
-        admission,
-        soft=settings.lag_soft,
-        fill=settings.batch_fill,
-        interval_s=settings.lag_interval_s,
-        counts_backlog=settings.lag_measure == "open",
     )
 
 
@@ -163,34 +153,20 @@ async def _engines(
 
 
 @asynccontextmanager
-async def _lag_source(
+async def _lag_sources(
     settings: Settings, db: AsyncEngine, given: LagSource | None
-) -> AsyncIterator[LagSource]:
-    source = given or _own_source(settings, db)
+) -> AsyncIterator[list[tuple[Pool, LagSource]]]:
+    """Each pool's lag source (``given``: the first pool's)."""
+    sources: list[tuple[Pool, LagSource]] = []
     try:
-        yield source
+        for pool in Pools(settings):
+            own = given if given is not None and pool.first else lag_source(pool, db)
+            sources.append((pool, own))
+        yield sources
     finally:
-        if isinstance(source, KafkaLagSource | SharedLagSource):
-            await source.close()
-
-
-def _own_source(settings: Settings, db: AsyncEngine) -> KafkaLagSource | SharedLagSource:
-    local = KafkaLagSource(
-        db=db,
-        bootstrap=settings.require_kafka(),
-        topic=settings.dispatch_topic,
-        group_id=settings.consumer_group,
-        partitions=settings.partitions,
-        count_open=settings.lag_measure == "open",
-    )
-    if settings.lag_reader == "own":
-        return local
-    return SharedLagSource(
-        local,
-        url=settings.require_database_url(),
-        topic=settings.dispatch_topic,
-        group=settings.consumer_group,
-    )
+        for _, source in sources:
+            if isinstance(source, KafkaLagSource | SharedLagSource):
+                await source.close()
 
 
 @asynccontextmanager
@@ -203,7 +179,7 @@ async def _background(
 
     def on_notice(payload: str) -> None:
         services.waiters.on_notice(payload)
-        services.meter.job_ended()  # room for a held job
+        services.pools.job_ended()  # room for a held job
         services.lifecycle.wake()  # perhaps a batch's last job
 
     listener = Listener(
@@ -213,17 +189,23 @@ async def _background(
         on_connect=services.waiters.on_connect,
     )
     stop = asyncio.Event()
-    flow = report_flow(services.repo, services.monitor, stop, services.admission.observe)
-    tasks = [
-        asyncio.create_task(services.monitor.run(stop), name="lag-monitor"),
-        asyncio.create_task(flow, name="flow"),
+    tasks = []
+    for pool in services.pools:
+        model = pool.pool.model
+        at = (pool.pool.topic, pool.pool.first)
+        flow = report_flow(services.repo, pool.monitor, stop, pool.admission.observe, at)
+        tasks += [
+            asyncio.create_task(pool.monitor.run(stop), name=f"lag-monitor {model}"),
+            asyncio.create_task(flow, name=f"flow {model}"),
+            asyncio.create_task(pool.meter.run(stop), name=f"batch-meter {model}"),
+        ]
+    tasks += [
         asyncio.create_task(
             report_jobs_by_state(OverviewStore(db), stop, interval_s=lag_interval_s),
             name="jobs-by-state",
         ),
         asyncio.create_task(listener.run(stop), name="jobs-listener"),
         asyncio.create_task(services.group_commit.run(stop), name="submit-groups"),
-        asyncio.create_task(services.meter.run(stop), name="batch-meter"),
         asyncio.create_task(services.lifecycle.run(stop), name="batch-lifecycle"),
     ]
     try:

@@ -78,6 +78,7 @@ class RequestChecker:
         self.lines = 0
         self.max_tokens = 0
         self.kinds: Counter[str] = Counter()
+        self.models: Counter[str | None] = Counter()  # the lines of each model named (None: none)
 
     @property
     def endpoint(self) -> str | None:
@@ -110,6 +111,7 @@ class RequestChecker:
             return None
         self.max_tokens = max(self.max_tokens, asked.max_tokens)
         self.kinds[asked.kind.value] += 1
+        self.models[asked.model] += 1
         return BatchRequest(
             custom_id=line.custom_id,
             kind=asked.kind,

@@ -105,10 +105,14 @@ class LifecycleStore:
             if check.done:
                 break
             if len(chunk) >= CHUNK:
-                await conn.execute(INSERT_JOBS, job_params(new, batch_id, chunk))
+                await conn.execute(
+                    INSERT_JOBS, job_params(new, batch_id, chunk, self._batches.topic_of)
+                )
                 total, chunk = total + len(chunk), []
         if chunk and not check.checker.problems:
-            await conn.execute(INSERT_JOBS, job_params(new, batch_id, chunk))
+            await conn.execute(
+                INSERT_JOBS, job_params(new, batch_id, chunk, self._batches.topic_of)
+            )
             total += len(chunk)
         return total
 

@@ -27,6 +27,7 @@ from plumbing.retry import in_rounds
 from producers.admission.controller import AdmissionController
 from producers.batches.meter_repository import Backlog, MeterStore, Round
 from producers.metrics import METERED
+from schemas.constants import DEFAULT_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Meter:
         fill: float,
         interval_s: float,
         counts_backlog: bool = True,
+        model: str = DEFAULT_MODEL,
     ) -> None:
         """Each round reads the lag admission sees (``admission.current_lag()``: none while
         it is unknown, and then nothing is released) and reports into its estimate the jobs
@@ -66,6 +68,7 @@ class Meter:
         whether the lag is known. Without it (``lag_measure=consumer``) the larger of the
         reading and the count is room's limit."""
         self._store = store
+        self._model = model  # its pool's, the label of its metrics
         self._admission = admission
         self._estimate = admission.estimate
         self._counts_backlog = counts_backlog
@@ -110,9 +113,9 @@ class Meter:
                 self._expired_at = time.monotonic()
         if done.released:
             self._estimate.record_release(done.released)
-            METERED.labels(outcome="released").inc(done.released)
+            METERED.labels(outcome="released", model=self._model).inc(done.released)
         if done.expired:
-            METERED.labels(outcome="expired").inc(done.expired)
+            METERED.labels(outcome="expired", model=self._model).inc(done.expired)
         return done
 
     async def run(self, stop: asyncio.Event) -> None:

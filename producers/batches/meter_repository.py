@@ -12,9 +12,10 @@ from typing import Any
 
 from sqlalchemy import func, insert, literal_column, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import ColumnElement
 
 from producers.jobs.repository import event_row
-from producers.outbox.repository import dispatch_row
+from producers.outbox.repository import dispatch_row, of_pool
 from schemas import reasons
 from schemas.jobs import job_from_row
 from schemas.states import JobState
@@ -44,6 +45,7 @@ WITH RECURSIVE tenants(tenant) AS (
     FROM tenants t CROSS JOIN LATERAL (
         SELECT id, tenant, deadline FROM jobs
         WHERE held AND tenant = t.tenant AND deadline > :now
+              AND (dispatch_topic = :topic OR (:first AND dispatch_topic IS NULL))
         ORDER BY deadline, id LIMIT :wanted
         FOR UPDATE SKIP LOCKED
     ) c
@@ -80,9 +82,16 @@ Budget = Callable[[Backlog], int]
 
 
 class MeterStore:
-    def __init__(self, engine: AsyncEngine, *, dispatch_topic: str, events_topic: str) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, dispatch_topic: str, events_topic: str, first: bool = True
+    ) -> None:
+        """The meter of the pool whose dispatch topic is ``dispatch_topic`` (``first``: the
+        first pool, whose jobs include those stored before pools): its held jobs, its
+        backlog; one meter per pool at a time."""
         self._engine = engine
         self._dispatch_topic = dispatch_topic
+        self._first = first
+        self._pool = of_pool(dispatch_topic, first)
         self._events_topic = events_topic
 
     async def round(
@@ -92,11 +101,15 @@ class MeterStore:
         as many held jobs as ``budget`` allows for the backlog counted in the same
         transaction."""
         async with self._engine.begin() as conn:
-            locked = await conn.scalar(select(func.pg_try_advisory_xact_lock(LOCK_KEY)))
+            locked = await conn.scalar(
+                select(
+                    func.pg_try_advisory_xact_lock(LOCK_KEY, func.hashtext(self._dispatch_topic))
+                )
+            )
             if not locked:
                 return Round(wanted=0, released=0, expired=0, backlog=None)
             expired = await self._expire(conn, now, expire_limit) if expire else 0
-            backlog = await _backlog(conn)
+            backlog = await _backlog(conn, self._pool)
             wanted = budget(backlog)
             released = await self._release(conn, wanted, now) if wanted > 0 else 0
         return Round(wanted=wanted, released=released, expired=expired, backlog=backlog)
@@ -106,7 +119,7 @@ class MeterStore:
         dispatched; each with its event, as a worker's drop before decode writes it."""
         overdue = (
             select(jobs.c.id)
-            .where(jobs.c.held, jobs.c.deadline <= now)
+            .where(jobs.c.held, jobs.c.deadline <= now, self._pool)
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
@@ -143,7 +156,8 @@ class MeterStore:
         tenant's earliest deadline first), are released: no longer held, and their dispatch
         records written to the outbox. Rows another transaction holds are skipped, never
         waited for."""
-        rows = (await conn.execute(_RELEASE, {"wanted": wanted, "now": now})).mappings().all()
+        given = {"wanted": wanted, "now": now, "topic": self._dispatch_topic, "first": self._first}
+        rows = (await conn.execute(_RELEASE, given)).mappings().all()
         if rows:
             records = [dispatch_row(self._dispatch_topic, r) for r in interleaved(rows)]
             await conn.execute(insert(outbox), records)
@@ -160,13 +174,13 @@ def interleaved(rows: Sequence[Mapping[Any, Any]]) -> list[Mapping[Any, Any]]:
     return [row for row in chain.from_iterable(turns) if row is not None]
 
 
-async def _backlog(conn: AsyncConnection) -> Backlog:
+async def _backlog(conn: AsyncConnection, pool: ColumnElement[bool]) -> Backlog:
     """Counted on the partial index ix_jobs_backlog (its predicate, as literals)."""
     states = ", ".join(f"'{s}'" for s in BACKLOG_STATES)
     row = (
         await conn.execute(
             select(func.count(), func.count(jobs.c.batch_id)).where(
-                ~jobs.c.held, literal_column(f"jobs.state IN ({states})")
+                ~jobs.c.held, literal_column(f"jobs.state IN ({states})"), pool
             )
         )
     ).one()

@@ -30,14 +30,18 @@ _TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
 INSERT_JOBS = text(
     """
 INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline,
-                  batch_id, custom_id, params, held)
+                  batch_id, custom_id, params, held, dispatch_topic)
 SELECT t.id, :tenant, t.kind, 'queued', :priority, t.input, t.max_tokens, :deadline,
-       CAST(:batch_id AS uuid), t.custom_id, CAST(t.params AS jsonb), true
+       CAST(:batch_id AS uuid), t.custom_id, CAST(t.params AS jsonb), true, t.topic
 FROM unnest(CAST(:ids AS uuid[]), CAST(:kinds AS text[]), CAST(:inputs AS text[]),
-            CAST(:max_tokens AS int[]), CAST(:custom_ids AS text[]), CAST(:params AS text[]))
-     AS t(id, kind, input, max_tokens, custom_id, params)
+            CAST(:max_tokens AS int[]), CAST(:custom_ids AS text[]), CAST(:params AS text[]),
+            CAST(:topics AS text[]))
+     AS t(id, kind, input, max_tokens, custom_id, params, topic)
 """
 )
+
+# The dispatch topic of a model's pool (None: the first pool's).
+TopicOf = Callable[[str | None], str | None]
 
 # Called with the batch's job count and the jobs every tenant had held before it, before
 # the batch commits: it refuses (raises) a batch that cannot be taken.
@@ -72,9 +76,14 @@ class NewBatch:
 
 
 class BatchStore:
-    def __init__(self, engine: AsyncEngine, *, events_topic: str) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, events_topic: str, topic_of: TopicOf | None = None
+    ) -> None:
+        """``topic_of``: the dispatch topic of a model's pool, where a line's job goes once
+        the meter releases it (by default none: the first pool's)."""
         self._engine = engine
         self._events_topic = events_topic
+        self.topic_of: TopicOf = topic_of or (lambda _model: None)
 
     async def create(
         self,
@@ -94,7 +103,7 @@ class BatchStore:
             held = await held_by_tenant(conn)
             total = 0
             async for chunk in chunks:
-                await conn.execute(INSERT_JOBS, job_params(new, batch_id, chunk))
+                await conn.execute(INSERT_JOBS, job_params(new, batch_id, chunk, self.topic_of))
                 total += len(chunk)
             admit(total, held)
             await conn.execute(
@@ -271,7 +280,9 @@ class BatchStore:
             return await self._view(conn, tenant, batch_id)
 
 
-def job_params(new: NewBatch, batch_id: str, chunk: Sequence[BatchRequest]) -> dict[str, Any]:
+def job_params(
+    new: NewBatch, batch_id: str, chunk: Sequence[BatchRequest], topic_of: TopicOf
+) -> dict[str, Any]:
     return {
         "tenant": new.tenant,
         "priority": new.priority.value,
@@ -283,7 +294,13 @@ def job_params(new: NewBatch, batch_id: str, chunk: Sequence[BatchRequest]) -> d
         "max_tokens": [r.max_tokens for r in chunk],
         "custom_ids": [r.custom_id for r in chunk],
         "params": [json.dumps(r.params) if r.params else None for r in chunk],
+        "topics": [topic_of(_model(r.params)) for r in chunk],
     }
+
+
+def _model(params: dict[str, Any] | None) -> str | None:
+    model = (params or {}).get("model")
+    return model if isinstance(model, str) else None
 
 
 async def held_by_tenant(conn: AsyncConnection) -> dict[str, int]:
@@ -292,7 +309,6 @@ async def held_by_tenant(conn: AsyncConnection) -> dict[str, int]:
         select(jobs.c.tenant, func.count()).where(jobs.c.held).group_by(jobs.c.tenant)
     )
     return {tenant: int(n) for tenant, n in rows.all()}
-
 
 
 async def _batch(

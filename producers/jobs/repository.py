@@ -3,14 +3,16 @@ heartbeats, cancels and abandons with their events, and the flow (L and W) of re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Update, and_, func, insert, select, update
+from sqlalchemy import Update, and_, func, insert, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from producers.jobs.submit_repository import SubmitRepository
+from producers.outbox.repository import of_pool
 from schemas import reasons
 from schemas.constants import DEFAULT_MODEL
 from schemas.envelopes import JobEvent
@@ -49,9 +51,12 @@ class JobRepository(SubmitRepository):
         dispatch_topic: str,
         events_topic: str,
         autocommit: AsyncEngine | None = None,
+        topic_of: Callable[[str | None], str] | None = None,
     ) -> None:
-        """``autocommit``: see ``SubmitRepository``."""
-        super().__init__(engine, dispatch_topic=dispatch_topic, autocommit=autocommit)
+        """``autocommit``, ``topic_of``: see ``SubmitRepository``."""
+        super().__init__(
+            engine, dispatch_topic=dispatch_topic, autocommit=autocommit, topic_of=topic_of
+        )
         self._events_topic = events_topic
 
     @property
@@ -200,8 +205,10 @@ class JobRepository(SubmitRepository):
             rows = (await conn.execute(query)).mappings().all()
         return [job_from_row(r) for r in rows[:limit]], len(rows) > limit
 
-    async def flow(self) -> Flow:
-        """In-flight jobs (L) and the mean submit-to-terminal time (W) of recent ones."""
+    async def flow(self, topic: str | None = None, first: bool = True) -> Flow:
+        """In-flight jobs (L) and the mean submit-to-terminal time (W) of recent ones: of
+        the pool whose dispatch topic is ``topic`` (``first``: the first pool), or of all."""
+        pool = of_pool(topic, first) if topic is not None else true()
         async with self._engine.connect() as conn:
             in_flight, running = (
                 await conn.execute(
@@ -210,7 +217,7 @@ class JobRepository(SubmitRepository):
                         func.count().filter(jobs.c.state == JobState.RUNNING.value),
                     )
                     .select_from(jobs)
-                    .where(jobs.c.state.not_in(_TERMINAL))
+                    .where(jobs.c.state.not_in(_TERMINAL), pool)
                 )
             ).one()
             timed = and_(
@@ -229,7 +236,9 @@ class JobRepository(SubmitRepository):
                         func.avg(func.extract("epoch", jobs.c.finished_at - jobs.c.created_at)),
                         func.count().filter(timed),
                         func.percentile_cont(0.5).within_group(per_token).filter(timed),
-                    ).where(jobs.c.finished_at > func.now() - timedelta(seconds=FLOW_WINDOW_S))
+                    ).where(
+                        jobs.c.finished_at > func.now() - timedelta(seconds=FLOW_WINDOW_S), pool
+                    )
                 )
             ).one()
         return Flow(

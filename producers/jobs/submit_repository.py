@@ -4,7 +4,7 @@ statement, and the answer to an idempotent replay."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import Any
 
@@ -35,24 +35,24 @@ WITH given AS (
         CAST(:deadlines AS timestamptz[]), CAST(:callback_urls AS text[]),
         CAST(:keys AS text[]), CAST(:hashes AS text[]),
         CAST(:abandon_on_disconnect AS boolean[]), CAST(:abandon_after_s AS float8[]),
-        CAST(:params AS text[]), CAST(:payloads AS bytea[])
+        CAST(:params AS text[]), CAST(:payloads AS bytea[]), CAST(:topics AS text[])
     ) WITH ORDINALITY AS t(id, tenant, kind, priority, input, max_tokens, deadline,
                            callback_url, idempotency_key, request_hash,
-                           abandon_on_disconnect, abandon_after_s, params, payload, n)
+                           abandon_on_disconnect, abandon_after_s, params, payload, topic, n)
 ), new_jobs AS (
     INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline,
                       callback_url, idempotency_key, request_hash, abandon_on_disconnect,
-                      abandon_after_s, params)
+                      abandon_after_s, params, dispatch_topic)
     SELECT id, tenant, kind, 'queued', priority, input, max_tokens, deadline, callback_url,
            idempotency_key, request_hash, abandon_on_disconnect, abandon_after_s,
-           CAST(params AS jsonb)
+           CAST(params AS jsonb), topic
     FROM given
     ORDER BY tenant, idempotency_key, n
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, deadline, created_at, updated_at, last_seen_at, attempt
 ), new_outbox AS (
     INSERT INTO outbox (topic, key, payload)
-    SELECT :topic, CAST(given.id AS text), given.payload
+    SELECT given.topic, CAST(given.id AS text), given.payload
     FROM given JOIN new_jobs ON new_jobs.id = given.id
     ORDER BY given.n
     RETURNING 1
@@ -67,6 +67,11 @@ SELECT id, deadline, created_at, updated_at, last_seen_at, attempt FROM new_jobs
     jobs.c.last_seen_at,
     jobs.c.attempt,
 )
+
+
+def _model(new: NewJob) -> str | None:
+    model = (new.params or {}).get("model")
+    return model if isinstance(model, str) else None
 
 
 def _json(value: dict[str, Any] | None) -> str | None:
@@ -142,13 +147,15 @@ class SubmitRepository:
         *,
         dispatch_topic: str,
         autocommit: AsyncEngine | None = None,
+        topic_of: Callable[[str | None], str] | None = None,
     ) -> None:
         """``autocommit``: an engine of autocommit connections for the submits (one
         statement each, its own transaction); by default, ``engine``'s connections, set to
-        autocommit when taken (their ping costs two round trips more)."""
+        autocommit when taken (their ping costs two round trips more). ``topic_of``: the
+        dispatch topic of a model's pool (by default ``dispatch_topic`` for every model)."""
         self._engine = engine
         self._autocommit = autocommit or engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._dispatch_topic = dispatch_topic
+        self._topic_of = topic_of or (lambda _model: dispatch_topic)
 
     async def submit(self, new: NewJob) -> tuple[Job, bool]:
         """Store the job and its dispatch outbox row in one transaction.
@@ -185,7 +192,7 @@ class SubmitRepository:
             "abandon_after_s": [_float(n.abandon_after_s) for n in group],
             "params": [_json(n.params) for n in group],
             "payloads": [_dispatch(job_id, n) for job_id, n in zip(ids, group, strict=True)],
-            "topic": self._dispatch_topic,
+            "topics": [self._topic_of(_model(n)) for n in group],
         }
         async with self._autocommit.connect() as conn:
             # One statement is its own transaction: its answer comes after its commit.

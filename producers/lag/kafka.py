@@ -27,13 +27,15 @@ class KafkaLagSource:
         group_id: str,
         partitions: int,
         count_open: bool = True,
+        first: bool = True,
     ) -> None:
         self._topic = topic
         self._partitions = partitions
         self._reader = GroupReader(bootstrap, group_id)
         self._repository = LagRepository(
-            db, topic=topic, partitions=partitions, count_open=count_open
+            db, topic=topic, partitions=partitions, count_open=count_open, first=first
         )
+
     async def read(self, mark: Callable[[], int] | None = None) -> Reading:
         """``mark`` is read as the PostgreSQL snapshot begins (``Reading.mark``)."""
         # The commit points first: the ends and the open jobs read after them are at or

@@ -31,6 +31,7 @@ from producers.lag import rule
 from producers.lag.estimate import LagEstimate
 from producers.lag.rule import LagSnapshot, LagState, Reading
 from producers.metrics import ARRIVAL_RATE, CONSUMER_LAG, DRAIN_RATE, LAG, LAG_KNOWN
+from schemas.constants import DEFAULT_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,11 @@ class LagMonitor:
         stale_after_s: float,
         smoothing: float = 0.3,
         clock: Clock = time.monotonic,
+        model: str = DEFAULT_MODEL,
     ) -> None:
+        """``model``: the pool's, the ``model`` label of its metrics."""
         self._source = source
+        self.model = model
         self._interval_s = interval_s
         self._stale_after_s = stale_after_s
         self._alpha = smoothing
@@ -95,11 +99,12 @@ class LagMonitor:
         self._state = rule.advance(self._state, reading, now=read_at, smoothing=self._alpha)
         self._cause = None
         snapshot = self.snapshot()
-        CONSUMER_LAG.set(self._state.consumer_lag)
-        LAG.set(snapshot.lag)
-        LAG_KNOWN.set(1)
-        DRAIN_RATE.set(snapshot.drain_rate or 0.0)
-        ARRIVAL_RATE.set(snapshot.arrival_rate or 0.0)
+        model = self.model
+        CONSUMER_LAG.labels(model=model).set(self._state.consumer_lag)
+        LAG.labels(model=model).set(snapshot.lag)
+        LAG_KNOWN.labels(model=model).set(1)
+        DRAIN_RATE.labels(model=model).set(snapshot.drain_rate or 0.0)
+        ARRIVAL_RATE.labels(model=model).set(snapshot.arrival_rate or 0.0)
         self._updated.set()
         self._updated = asyncio.Event()
         return True
@@ -126,10 +131,10 @@ class LagMonitor:
         except (KafkaError, OSError, TimeoutError, DBAPIError) as exc:
             log.warning("lag monitor: cannot read lag: %r", exc)
             self._cause = cause_of(exc)
-            LAG_KNOWN.set(1 if self.snapshot().known else 0)
+            LAG_KNOWN.labels(model=self.model).set(1 if self.snapshot().known else 0)
             return False
         if reading is None:
-            LAG_KNOWN.set(1 if self.snapshot().known else 0)
+            LAG_KNOWN.labels(model=self.model).set(1 if self.snapshot().known else 0)
             return False
         r = reading
         if not self.update(r.ends, r.committed, r.unpublished, r.open, age_s=r.age_s):

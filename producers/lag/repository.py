@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from producers.lag.rule import Reading
+from producers.outbox.repository import of_pool
 from schemas.states import JobState
 from schemas.tables import jobs, outbox, partition_ends
 
@@ -32,10 +33,18 @@ class LagRepository:
     """Reads what PostgreSQL knows of the dispatch topic ``topic``'s lag."""
 
     def __init__(
-        self, db: AsyncEngine, *, topic: str, partitions: int, count_open: bool = True
+        self,
+        db: AsyncEngine,
+        *,
+        topic: str,
+        partitions: int,
+        count_open: bool = True,
+        first: bool = True,
     ) -> None:
+        """``first``: the first pool's topic (its jobs include those stored before pools)."""
         self._db = db
         self._topic = topic
+        self._first = first
         self._partitions = partitions
         self._count_open = count_open
 
@@ -97,6 +106,7 @@ class LagRepository:
             )
             .where(
                 jobs.c.state.in_(open_states),
+                of_pool(self._topic, self._first),
                 jobs.c.dispatch_offset.is_not(None),
                 jobs.c.dispatch_offset >= points.c.offset,
                 jobs.c.dispatch_log.is_not_distinct_from(partition_ends.c.log),

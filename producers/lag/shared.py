@@ -35,7 +35,11 @@ log = logging.getLogger(__name__)
 class SharedLagSource:
     """A ``LagSource`` shared by the API replicas of one database, topic and group."""
 
-    def __init__(self, local: KafkaLagSource, *, url: str, topic: str, group: str) -> None:
+    def __init__(
+        self, local: KafkaLagSource, *, url: str, topic: str, group: str, model: str = ""
+    ) -> None:
+        """``model``: the pool's, the label of ``sluicegate_lag_reader``."""
+        self._model = model
         self._local = local
         self._store = ReadingStore(url, topic=topic, group=group)
         self._name = f"{socket.gethostname()}:{os.getpid()}"
@@ -90,7 +94,7 @@ class SharedLagSource:
 
     def _is_reader(self, reader: bool) -> None:
         self._reader = reader
-        LAG_READER.set(1 if reader else 0)
+        LAG_READER.labels(model=self._model).set(1 if reader else 0)
 
     async def close(self) -> None:
         self._is_reader(False)

@@ -91,7 +91,7 @@ class OutboxRelay:
             c = self._config
             await ensure_topics(
                 c.bootstrap,
-                c.kafka.topic_partitions(),
+                c.topics,
                 replication_factor=c.kafka.replication_factor,
             )
             admin = AIOKafkaAdminClient(bootstrap_servers=c.bootstrap, request_timeout_ms=10_000)
@@ -125,7 +125,7 @@ class OutboxRelay:
                 await producer.send(row.topic, row.payload, key=row.key.encode()) for row in rows
             ]
             metadata = await asyncio.gather(*futures)
-            if any(row.topic == self._config.kafka.dispatch_topic for row in rows):
+            if any(row.topic in self._config.dispatch_topics for row in rows):
                 await self._same_log()  # their positions are recorded with the log
         for row in rows:
             RELAY_PUBLISHED.labels(topic=row.topic).inc()

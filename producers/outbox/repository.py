@@ -72,6 +72,14 @@ class Round:
 UNSTARTED_OR_RUNNING = [JobState.DISPATCHED.value, JobState.RUNNING.value]
 
 
+def of_pool(topic: str, first: bool) -> ColumnElement[bool]:
+    """The jobs of the pool whose dispatch topic is ``topic``: those stored before pools
+    (no topic) are the first pool's (plumbing/pools.py)."""
+    if first:
+        return or_(jobs.c.dispatch_topic == topic, jobs.c.dispatch_topic.is_(None))
+    return jobs.c.dispatch_topic == topic
+
+
 def dispatch_row(topic: str, job: Mapping[Any, Any]) -> dict[str, object]:
     """The outbox row of a job's dispatch record (``job``: the job's columns)."""
     envelope = DispatchEnvelope(
@@ -99,7 +107,12 @@ async def redispatch(conn: AsyncConnection, topic: str, which: ColumnElement[boo
         await conn.execute(
             update(jobs)
             .where(which, jobs.c.state.in_(UNSTARTED_OR_RUNNING))
-            .values(dispatch_log=None, dispatch_partition=None, dispatch_offset=None)
+            .values(
+                dispatch_topic=topic,
+                dispatch_log=None,
+                dispatch_partition=None,
+                dispatch_offset=None,
+            )
             .returning(
                 jobs.c.id,
                 jobs.c.tenant,
@@ -120,9 +133,21 @@ class OutboxStore:
     """The outbox relay's and the reconciler's queries. Rows stay locked while they are being
     published."""
 
-    def __init__(self, engine: AsyncEngine, *, dispatch_topic: str) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        dispatch_topic: str,
+        first: bool = True,
+        dispatch_topics: frozenset[str] | None = None,
+    ) -> None:
+        """``dispatch_topic``: the pool whose jobs the reconciler's queries look at
+        (``first``: the first pool); ``dispatch_topics``: every pool's, whose records the
+        relay's rounds record positions and ends of (by default ``dispatch_topic`` only)."""
         self._engine = engine
         self._dispatch_topic = dispatch_topic
+        self._pool = of_pool(dispatch_topic, first)
+        self._topics = dispatch_topics or frozenset([dispatch_topic])
 
     async def publish_batch(self, limit: int, publish: Publish) -> Round:
         """Lock up to ``limit`` unpublished rows, publish them, mark them; all or nothing.
@@ -182,9 +207,7 @@ class OutboxStore:
         """A dispatched job is ``dispatched`` (unless it went further meanwhile) and its
         position is its newest record's."""
         positions = {
-            row.key: a
-            for row, a in zip(rows, acked, strict=True)
-            if a.topic == self._dispatch_topic
+            row.key: a for row, a in zip(rows, acked, strict=True) if a.topic in self._topics
         }
         if not positions:
             return
@@ -195,11 +218,13 @@ class OutboxStore:
                 bindparam("ids", type_=ARRAY(UUID(as_uuid=False))),
                 bindparam("partitions", type_=ARRAY(Integer())),
                 bindparam("offsets", type_=ARRAY(BigInteger())),
+                bindparam("topics", type_=ARRAY(Text())),
             )
             .table_valued(
                 column("id", UUID(as_uuid=False)),
                 column("partition", Integer()),
                 column("offset", BigInteger()),
+                column("topic", Text()),
             )
             .render_derived(name="published")
         )
@@ -212,6 +237,7 @@ class OutboxStore:
                 state=case((queued, JobState.DISPATCHED.value), else_=jobs.c.state),
                 dispatched_at=func.coalesce(jobs.c.dispatched_at, now),
                 updated_at=case((queued, now), else_=jobs.c.updated_at),
+                dispatch_topic=published.c.topic,
                 dispatch_log=next(iter(positions.values())).log,
                 dispatch_partition=published.c.partition,
                 dispatch_offset=published.c.offset,
@@ -220,6 +246,7 @@ class OutboxStore:
                 "ids": list(positions),
                 "partitions": [a.partition for a in positions.values()],
                 "offsets": [a.offset for a in positions.values()],
+                "topics": [a.topic for a in positions.values()],
             },
         )
 
@@ -227,7 +254,7 @@ class OutboxStore:
         ends: dict[tuple[str, int], int] = {}
         logs: dict[tuple[str, int], str | None] = {}
         for a in acked:
-            if a.topic == self._dispatch_topic:
+            if a.topic in self._topics:
                 key = (a.topic, a.partition)
                 ends[key] = max(ends.get(key, 0), a.offset + 1)
                 logs[key] = a.log
@@ -300,7 +327,7 @@ class OutboxStore:
         """A dispatch record for every job that has not ended: for a broker known to have
         lost its whole log (the embedded one keeps it in memory)."""
         async with self._engine.begin() as conn:
-            done = await redispatch(conn, self._dispatch_topic, jobs.c.id.is_not(None))
+            done = await redispatch(conn, self._dispatch_topic, self._pool)
         return len(done)
 
     async def suspects(
@@ -340,6 +367,7 @@ class OutboxStore:
                         jobs.c.dispatch_offset,
                     ).where(
                         jobs.c.state.in_(UNSTARTED_OR_RUNNING),
+                        self._pool,
                         jobs.c.dispatch_offset.is_not(None),
                         startable,
                         gone,

@@ -31,6 +31,7 @@ from sluicegate.process import configure_logging, run_until_signal
 def run(settings: Settings, args: argparse.Namespace) -> None:
     configure_logging(settings, args.command)
     if args.command == "up":
+        settings = with_models(settings, args.models)
         engine = _engine(settings, args.engine or default_engine(settings, "up"))
         workers = _workers(args.workers, engine)
         _run_stack(
@@ -47,6 +48,22 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
         args.broker,
         lambda stop, lock, broker: _demo(settings, engine, workers, broker, docs, lock, stop),
     )
+
+
+def with_models(settings: Settings, models: str | None) -> Settings:
+    """``settings`` with a pool for each model of ``--models`` (its own settings where
+    SLUICEGATE_POOLS names it); exits with one line for a list that names none or one
+    twice."""
+    if models is None:
+        return settings
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    if not names:
+        sys.exit("--models names no model: give them comma-separated, e.g. --models alpha,beta")
+    if len(set(names)) != len(names):
+        sys.exit(f"--models names a model twice: {models}")
+    pools = {name: settings.pools.get(name, {}) for name in names}
+    # A copy, not a new validation: the settings the user set stay the ones set.
+    return settings.model_copy(update={"pools": pools, "models": names})
 
 
 def _broker(settings: Settings, requested: str | None) -> Choice:
@@ -240,6 +257,10 @@ def broker_line(stack: Stack) -> str:
 def models_line(stack: Stack) -> str:
     """The names a request's ``model`` may take (the API refuses others)."""
     settings = stack.settings
+    if settings.pools:
+        return (
+            ", ".join(settings.pools) + "  (a worker pool each; a request's `model`: one of these)"
+        )
     names = settings.models if "models" in settings.model_fields_set else None
     names = names or models.served_names(settings, stack.engine)
     return ", ".join(names) + "  (a request's `model`: one of these, or none)"

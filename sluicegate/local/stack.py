@@ -17,12 +17,14 @@ from typing import IO, Any
 import httpx
 
 from plumbing.kafka import ensure_topics
+from plumbing.pools import Pools
 from plumbing.settings import Settings
 from sluicegate import migrate
 from sluicegate.local import info as stack_info
 from sluicegate.local.broker.base import Broker, BrokerInfo
 from sluicegate.local.broker.choose import Choice, make_broker
 from sluicegate.local.broker.tansu import WORKAROUNDS as TANSU_WORKAROUNDS
+from sluicegate.local.children import Child, is_engine, worker_children
 from sluicegate.local.embedded import EmbeddedPostgres, free_port
 from sluicegate.local.lock import DataDirLock
 from sluicegate.local.model import served_names
@@ -32,8 +34,6 @@ log = logging.getLogger(__name__)
 RESTART_BACKOFF_S = 1.0
 STOP_GRACE_S = 5.0
 ENGINE_READY_S = 60.0
-ENGINE_ROLE = "llama"
-"""Role prefix of the engine servers the stack runs (one per worker, stopped after it)."""
 
 
 class StartFailed(Exception):
@@ -41,22 +41,12 @@ class StartFailed(Exception):
 
 
 @dataclass
-class Child:
-    role: str
-    args: list[str]
-    env: dict[str, str] = field(default_factory=dict)  # on top of the stack's
-    process: asyncio.subprocess.Process | None = None
-    restarts: int = 0
-
-
-@dataclass
 class Stack:
     """Starts PostgreSQL and a broker when none is configured, then the processes."""
 
     settings: Settings
-    workers: int = 2
-    # The workers' engine. "llamacpp": each worker gets a llama.cpp server of its own on a
-    # free loopback port (a child like the others), so its slot gate sees every request.
+    workers: int = 2  # of each pool (plumbing.pools)
+    # The workers' engine ("llamacpp": a llama.cpp server each, ``worker_children``).
     engine: str = "sim"
     # The data directory's lock, held by the caller; told which processes the stack runs.
     lock: DataDirLock | None = None
@@ -82,7 +72,7 @@ class Stack:
     @property
     def engine_urls(self) -> list[str]:
         """The engine servers the stack runs (one per worker), once started."""
-        return [c.env["SLUICEGATE_LLAMACPP_URL"] for c in self._children if _is_engine(c)]
+        return [c.env["SLUICEGATE_LLAMACPP_URL"] for c in self._children if is_engine(c)]
 
     async def start_services(self) -> None:
         """PostgreSQL, the broker, migrations and topics."""
@@ -107,7 +97,7 @@ class Stack:
             self.fresh_broker = self._broker.new_log
         await ensure_topics(
             self.bootstrap,
-            self.settings.topic_partitions(),
+            Pools(self.settings).topic_partitions(),
             replication_factor=self.settings.replication_factor,
         )
 
@@ -119,22 +109,21 @@ class Stack:
         if self.broker_info is not None and self.broker_info.kind == "tansu":
             env.update({f"SLUICEGATE_{name}": value for name, value in TANSU_WORKAROUNDS.items()})
         env["SLUICEGATE_DATA_DIR"] = str(self.settings.data_dir)
-        if "models" not in self.settings.model_fields_set:  # only what its workers serve
+        if self.settings.pools:  # a pool per model, each with its workers
+            env["SLUICEGATE_POOLS"] = json.dumps(self.settings.pools)
+        elif "models" not in self.settings.model_fields_set:  # only what its workers serve
             env["SLUICEGATE_MODELS"] = json.dumps(served_names(self.settings, self.engine))
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
     async def start_processes(self) -> None:
-        engines = self._engine_children()
+        engines, workers = worker_children(self.settings, self.engine, self.workers)
         self._children = [
             Child("api", ["api"]),
             *engines,
             Child("relay", ["relay"]),
             Child("webhooks", ["webhooks"]),
-            *(
-                Child(f"worker-{i + 1}", ["worker"], env=self._worker_env(engines, i))
-                for i in range(self.workers)
-            ),
+            *workers,
         ]
         self._give_metrics_ports()
         for child in self._children:
@@ -149,7 +138,7 @@ class Stack:
         own: consecutive from ``metrics_port`` when that is set, else free ones. It keeps
         the port across its restarts."""
         base = self.settings.metrics_port
-        roles = [c for c in self._children if c.role != "api" and not _is_engine(c)]
+        roles = [c for c in self._children if c.role != "api" and not is_engine(c)]
         taken = {self.settings.api_port, *(_port_of(url) for url in self.engine_urls)}
         for i, child in enumerate(roles):
             port = base + i if base is not None else _free_port_besides(taken)
@@ -199,28 +188,6 @@ class Stack:
             "bootstrap": info.bootstrap,
             "pid": self._broker.pid,
         }
-
-    def _engine_children(self) -> list[Child]:
-        if self.engine != "llamacpp":
-            return []
-        children = []
-        for i in range(self.workers):
-            url = f"http://127.0.0.1:{free_port()}"
-            children.append(
-                Child(f"{ENGINE_ROLE}-{i + 1}", ["llama-server"], env=_llamacpp_env(url))
-            )
-        return children
-
-    def _worker_env(self, engines: list[Child], index: int) -> dict[str, str]:
-        # Static members (KIP-345): a worker the stack restarts takes its partitions back
-        # without a rebalance of the group.
-        env = {
-            "SLUICEGATE_ENGINE": self.engine,
-            "SLUICEGATE_WORKER_GROUP_INSTANCE_ID": f"worker-{index + 1}",
-        }
-        if engines:
-            env.update(engines[index].env)
-        return env
 
     async def _wait_healthy(self, child: Child) -> None:
         """Wait for an engine server's /health; an error naming its log if it exits."""
@@ -334,13 +301,13 @@ class Stack:
             stack_info.write_info(self.settings.data_dir, self.info())  # its new pid
             return
         log.error("the Tansu broker exited; restarting it with an empty log")
-        pipeline = [c for c in self._children if c.role != "api" and not _is_engine(c)]
+        pipeline = [c for c in self._children if c.role != "api" and not is_engine(c)]
         await self._terminate([c.process for c in pipeline if c.process is not None])
         await self._broker.restart()
         self._record_processes()
         await ensure_topics(
             self.bootstrap,
-            self.settings.topic_partitions(),
+            Pools(self.settings).topic_partitions(),
             replication_factor=self.settings.replication_factor,
         )
         if self.on_fresh_broker is not None:
@@ -353,8 +320,8 @@ class Stack:
         engine servers go last: a draining worker still finishes its jobs on them."""
         stack_info.remove_info(self.settings.data_dir)
         for group in (
-            [c for c in self._children if not _is_engine(c)],
-            [c for c in self._children if _is_engine(c)],
+            [c for c in self._children if not is_engine(c)],
+            [c for c in self._children if is_engine(c)],
         ):
             await self._terminate([c.process for c in group if c.process is not None])
         for out in self._logs:
@@ -379,10 +346,6 @@ class Stack:
                 await process.wait()
 
 
-def _is_engine(child: Child) -> bool:
-    return child.role.startswith(f"{ENGINE_ROLE}-")
-
-
 def _port_of(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
@@ -393,8 +356,3 @@ def _free_port_besides(taken: set[int]) -> int:
     while (port := free_port()) in taken:
         pass
     return port
-
-
-def _llamacpp_env(url: str) -> dict[str, str]:
-    """What a llama.cpp server child and its worker share: the server's address."""
-    return {"SLUICEGATE_LLAMACPP_URL": url}

@@ -99,7 +99,7 @@ def test_promql_reading(expr: str, metrics: set[str], grouping: set[str]) -> Non
 
 def test_the_metric_catalog_is_the_codes() -> None:
     series = exported_series()
-    assert series[constants.M_ADMISSIONS] == {"outcome", "reason"}
+    assert series[constants.M_ADMISSIONS] == {"outcome", "reason", "model"}
     assert constants.M_JOB_SECONDS + "_bucket" in series
     assert constants.M_LAG in series
     assert "sluicegate_webhook_attempts_total" in series  # workers/webhooks/dispatch.py
