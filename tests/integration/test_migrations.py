@@ -1,16 +1,22 @@
 """Upgrade an empty database to head, compare with the table metadata, down and up again."""
 
 import uuid
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, select
 from sqlalchemy.engine import Connection, make_url
 
 from plumbing.db import libpq_url, make_engine
-from schemas.tables import metadata
+from plumbing.pools import Pools
+from plumbing.settings import Settings
+from producers.batches.meter_repository import MeterStore
+from producers.lag.repository import LagRepository
+from schemas import constants
+from schemas.tables import metadata, outbox
 from sluicegate import migrate
 
 
@@ -59,3 +65,48 @@ async def _downgrade(url: str) -> None:
     import asyncio
 
     await asyncio.to_thread(migrate.downgrade, url, "base")
+
+
+async def test_jobs_stored_before_pools_are_the_first_pools_after_the_upgrade(
+    empty_database: str,
+) -> None:
+    """A single-model deployment upgrades with nothing to move: its jobs (stored with no
+    pool's topic) are the first pool's, whose topic and group keep their names; another
+    pool sees none of them."""
+    await migrate.upgrade_async(empty_database, "0017")
+    conn = await asyncpg.connect(libpq_url(empty_database))
+    try:
+        job = (
+            "INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline, "
+            "held, dispatch_log, dispatch_partition, dispatch_offset) VALUES (gen_random_uuid(), "
+            "'t', 'complete', $1, 'normal', 'x', 10, now() + interval '1 hour', $2, $3, $4, $5)"
+        )
+        await conn.execute(job, "dispatched", False, "L", 0, 0)  # its record in the log
+        await conn.execute(job, "queued", True, None, None, None)  # a batch's, held
+        await conn.execute(
+            "INSERT INTO partition_ends (topic, partition, end_offset, log) VALUES ($1, 0, 1, 'L')",
+            constants.DISPATCH_TOPIC,
+        )
+    finally:
+        await conn.close()
+    await migrate.upgrade_async(empty_database)
+
+    first, other = Pools(Settings(pools={"alpha": {}, "beta": {}}))
+    assert first.topic == constants.DISPATCH_TOPIC
+    engine = make_engine(empty_database, pool_size=2)
+    try:
+        committed = dict.fromkeys(range(4), 0)
+        for pool, open_jobs in ((first, {0: 1}), (other, {})):
+            lag = LagRepository(engine, topic=pool.topic, partitions=4, first=pool.first)
+            assert (await lag.reading(committed)).open == open_jobs
+        now = datetime.now(UTC)
+        for pool, released in ((other, 0), (first, 1)):
+            meter = MeterStore(
+                engine, dispatch_topic=pool.topic, events_topic="e", first=pool.first
+            )
+            assert (await meter.round(lambda _: 10, now)).released == released
+        async with engine.connect() as c:
+            topics = (await c.execute(select(outbox.c.topic))).scalars().all()
+        assert topics == [constants.DISPATCH_TOPIC]
+    finally:
+        await engine.dispose()
