@@ -23,6 +23,7 @@ from sqlalchemy.sql.elements import KeyedColumnElement
 
 from plumbing.db import make_engine
 from plumbing.kafka import ensure_topics
+from plumbing.pools import Pools
 from plumbing.settings import Settings
 from producers.api.app import create_app
 from producers.service import run_relay
@@ -150,7 +151,7 @@ async def bench_settings(
             log_level="WARNING",
             auth="tenant_header",
         ).model_copy(update={**broker_settings(), **overrides})
-        await ensure_topics(bootstrap, settings.topic_partitions())
+        await ensure_topics(bootstrap, Pools(settings).topic_partitions())
         yield settings
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
