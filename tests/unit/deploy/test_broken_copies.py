@@ -45,6 +45,7 @@ from tests.unit.deploy.compose_checks import (
 from tests.unit.deploy.deploy_checks import (
     DEPLOY_CHECKS,
     check_dashboard_metrics,
+    check_dashboard_models,
     check_dashboard_panels,
     check_gateway,
     check_grafana,
@@ -59,6 +60,7 @@ WEBHOOKS = f"{S}/webhooks"
 API_CMD = ["api", "--host", "0.0.0.0", "--port", "8000", "--workers", "4"]
 SCRAPE = "prometheus/scrape_configs"
 DEVICE_0 = f"{S}/worker/deploy/resources/reservations/devices/0"
+MODEL_PICKED = '{model=~"$model"}'
 DB_URL = "postgresql://sluicegate:sluicegate@{}:5432/{}"
 BREAKAGES = [
     Breakage("no relay", check_services, at(f"{S}/relay")),
@@ -311,12 +313,17 @@ BREAKAGES = [
     Breakage(
         "grouped by a label the metric lacks",
         check_dashboard_metrics,
-        reword(constants.M_DROPPED, "by (reason)", "by (cause)"),
+        reword(constants.M_DROPPED, "by (model, reason)", "by (model, cause)"),
     ),
     Breakage(
         "a job that is not scraped",
         check_dashboard_metrics,
         reword(constants.M_LAG, constants.M_LAG, constants.M_LAG + '{job="apis"}'),
+    ),
+    Breakage(
+        "a model picked from a family without one",
+        check_dashboard_metrics,
+        reword(constants.M_LATENCY_W, constants.M_LATENCY_W, constants.M_LATENCY_W + MODEL_PICKED),
     ),
     Breakage(
         "no drops panel",
@@ -326,7 +333,46 @@ BREAKAGES = [
     Breakage(
         "admission not broken out by reason",
         check_dashboard_panels,
-        reword(constants.M_ADMISSIONS, "by (outcome, reason)", "by (outcome)"),
+        reword(constants.M_ADMISSIONS, "by (model, outcome, reason)", "by (model, outcome)"),
+    ),
+    Breakage(
+        "lag of every model in one line",
+        check_dashboard_panels,
+        reword(constants.M_LAG, "max by (model)", "max"),
+    ),
+    Breakage("no model variable", check_dashboard_models, at("dashboard/templating/list", [])),
+    Breakage(
+        "one model at a time",
+        check_dashboard_models,
+        at("dashboard/templating/list/0/multi", False),
+    ),
+    Breakage(
+        "All leaves out the series without a model",
+        check_dashboard_models,
+        at("dashboard/templating/list/0/allValue"),
+    ),
+    Breakage(
+        "models read from a family without them",
+        check_dashboard_models,
+        at(
+            "dashboard/templating/list/0/query/query",
+            "label_values(sluicegate_jobs_submitted_total, model)",
+        ),
+    ),
+    Breakage(
+        "lag of every model whatever is picked",
+        check_dashboard_models,
+        reword(constants.M_LAG, MODEL_PICKED, ""),
+    ),
+    Breakage(
+        "KV usage of every model whatever is picked",
+        check_dashboard_models,
+        reword(constants.M_KV_USAGE, MODEL_PICKED, '{model=~".*"}'),
+    ),
+    Breakage(
+        "variable on another data source",
+        check_grafana,
+        at("dashboard/templating/list/0/datasource/uid", "prom"),
     ),
     Breakage("repeated panel id", check_dashboard_panels, panel_at(constants.M_KV_USAGE, "id", 1)),
 ]
