@@ -84,6 +84,7 @@ def test_a_scrape_of_some_names_is_labelled_too() -> None:
 
 
 def test_without_labels_a_family_is_exported_as_defined() -> None:
+    label("worker")  # as if no worker had run in this process (run_worker labels it)
     (started,) = named(exposition("worker"), c.M_JOBS_STARTED)
     assert started.labels == {}
 
