@@ -9,7 +9,8 @@ exercises every panel: steady submits, bursts over ``lag_hard`` (429) and bad re
 are delivered, retried and dead-lettered, and poison on the dispatch topic.
 
 Then every target of every panel of deploy/grafana/dashboards/sluicegate.json is queried
-(``$__rate_interval`` as ``5m``, a window covering the load) and must give a number; every
+(as Grafana sends it with every variable at All: ``$model`` as ``.*``, and
+``$__rate_interval`` as ``5m``, a window covering the load) and must give a number; every
 ``sluicegate_*`` family must come from its own role only (no process exports another
 role's families); and every role exits 0 on SIGTERM. Each panel's values are printed
 (``pytest -s``) and written to ``dashboard_values.json`` in the test's directory.
@@ -45,7 +46,14 @@ from tests.e2e import prometheus as prom
 from tests.faults.processes import Role, roles
 from tests.integration.webhooks import Receiver, failing, receiving, webhook_settings
 from tests.unit.deploy.files import DASHBOARD_FILE
-from tests.unit.deploy.metrics import exprs, panels, promql_grouping, promql_metrics
+from tests.unit.deploy.metrics import (
+    all_values,
+    exprs,
+    grafana_query,
+    panels,
+    promql_grouping,
+    promql_metrics,
+)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -137,7 +145,7 @@ def family(series: str) -> str:
 class Panel:
     title: str
     expr: str  # as the dashboard has it
-    query: str  # what was sent: $__rate_interval replaced
+    query: str  # what was sent: $__rate_interval and $model replaced
     result: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
@@ -160,11 +168,12 @@ class Panel:
 
 def dashboard_targets() -> list[Panel]:
     dashboard = json.loads(DASHBOARD_FILE.read_text())
+    # Every variable at All ($model: every model), $__rate_interval a window over the load.
+    values = {**all_values(dashboard), "__rate_interval": RATE_WINDOW}
     found = []
     for panel in panels(dashboard):
         for expr in exprs(panel):
-            query = expr.replace("${__rate_interval}", RATE_WINDOW)
-            query = query.replace("$__rate_interval", RATE_WINDOW)
+            query = grafana_query(expr, values)
             found.append(Panel(str(panel.get("title", "")), expr, query))
     return found
 

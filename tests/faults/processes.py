@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from plumbing.settings import Settings
 from schemas.constants import M_JOBS_RUNNING
@@ -97,15 +98,18 @@ def roles(settings: Settings, directory: Path) -> Iterator[Roles]:
 
 async def jobs_running(probe: httpx.AsyncClient, port: int) -> int | None:
     """Jobs a worker runs now, from the metrics it serves on ``port`` (None until it
-    serves them)."""
+    serves them), whatever labels the sample carries (its pool's ``model``)."""
     try:
         r = await probe.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
     except httpx.HTTPError:
         return None
-    for line in r.text.splitlines():
-        if line.startswith(f"{M_JOBS_RUNNING} "):
-            return int(float(line.split()[1]))
-    return 0
+    running = [
+        sample.value
+        for family in text_string_to_metric_families(r.text)
+        for sample in family.samples
+        if sample.name == M_JOBS_RUNNING
+    ]
+    return int(sum(running))
 
 
 ASSIGNED = re.compile(r"Setting newly assigned partitions (\{.*\}|set\(\)) for group")

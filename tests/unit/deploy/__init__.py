@@ -10,5 +10,6 @@ none of them can pass vacuously. The checks read the code as well: the roles of 
 - ``compose_checks``: the checks of docker-compose.yml, the Dockerfile and .dockerignore.
 - ``deploy_checks``: the checks of deploy/ (gateway, Prometheus, Grafana).
 - ``test_compose``: the real files pass every check.
-- ``test_broken_copies``: a copy broken for each check fails it.
+- ``breaking``: ways to break a copy of the files, each for the check it must fail.
+- ``test_broken_copies``, ``test_broken_deploy``: a copy broken for each check fails it.
 """

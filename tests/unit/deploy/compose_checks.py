@@ -233,6 +233,28 @@ def check_gpu_workers(compose: Compose) -> None:
         assert settings_of(service).vllm_gpu_memory_utilization <= 0.9, f"{name}: past the knee"
 
 
+def check_pools(compose: Compose) -> None:
+    """Every Sluicegate service reads the same pools (SLUICEGATE_POOLS), every worker joins
+    one of them, and every pool has a worker in each way of running the stack: the GPU
+    workers (no profile) serve every pool, and so do the simulator workers of the cpu
+    profile."""
+    services = sluicegate_services(compose)
+    named = {name: tuple(settings_of(service).pools) for name, service in services.items()}
+    assert len(set(named.values())) == 1, f"the services disagree on the pools: {named}"
+    pools = next(iter(named.values()))
+    assert len(pools) >= 2, "the compose file shows one model per pool: give it two"
+    served: dict[tuple[str, ...], set[str]] = {}
+    for name, service in long_running(compose).items():
+        if cli_args(service).command != "worker":
+            continue
+        model = settings_of(service).worker_model or pools[0]
+        assert model in pools, f"{name} joins {model!r}, which is no pool"
+        served.setdefault(tuple(sorted(service.get("profiles", []))), set()).add(model)
+    for profiles, models in served.items():
+        missing = sorted(set(pools) - models)
+        assert not missing, f"profiles {list(profiles)}: no worker of {missing}"
+
+
 def check_stop_grace(compose: Compose) -> None:
     """Docker's SIGKILL comes only after each role's own shutdown limit."""
     for name, service in long_running(compose).items():
@@ -328,6 +350,7 @@ COMPOSE_CHECKS: list[Callable[[Compose], None]] = [
     check_metrics_endpoints,
     check_workers,
     check_gpu_workers,
+    check_pools,
     check_stop_grace,
     check_state_and_health,
     check_volumes,

@@ -27,14 +27,18 @@ from tests.unit.deploy.files import (
 )
 from tests.unit.deploy.metrics import (
     PROMETHEUS_SERIES,
+    always_labelled,
     exported_series,
     exprs,
     panels,
     promql_grouping,
     promql_matchers,
     promql_metrics,
+    promql_selectors,
     scrape_targets,
+    selects_by,
     target_labels,
+    variables,
 )
 
 # The checks of deploy/: the gateway, Prometheus and Grafana against the compose file and code
@@ -113,6 +117,8 @@ def check_grafana(deploy: Deploy) -> None:
             target["datasource"]["uid"] for target in panel["targets"] if "datasource" in target
         }
         assert uids == {source["uid"]}, f"{panel['title']}: data source {uids}"
+    for name, variable in variables(deploy["dashboard"]).items():
+        assert variable["datasource"]["uid"] == source["uid"], f"${name}: another data source"
 
 
 def check_dashboard_metrics(deploy: Deploy) -> None:
@@ -129,22 +135,22 @@ def check_dashboard_metrics(deploy: Deploy) -> None:
             assert not unknown, f"{panel['title']}: no code exports {sorted(unknown)}"
             labels = on_target.union(*(series[name] for name in names))
             assert promql_grouping(expr) <= labels, f"{panel['title']}: {expr}"
-            for label, value in promql_matchers(expr):
+            for label, operator, value in promql_matchers(expr):
                 assert label in labels, f"{panel['title']}: no label {label}"
-                if label == "job":
+                if label == "job" and operator == "=":
                     assert value in jobs, f"{panel['title']}: no job {value}"
 
 
 # The panels the dashboard must have: the series they read and the labels they break out.
 REQUIRED_PANELS = {
-    "consumer-group lag": ({constants.M_LAG}, set()),
-    "arrival rate λ": ({constants.M_ARRIVAL_RATE}, set()),
+    "consumer-group lag": ({constants.M_LAG}, {"model"}),
+    "arrival rate λ": ({constants.M_ARRIVAL_RATE}, {"model"}),
     "latency W": ({constants.M_LATENCY_W}, set()),
     "λ·W beside the jobs in flight": ({constants.M_LITTLE_L, constants.M_IN_FLIGHT}, set()),
     "jobs not ended by state": ({constants.M_JOBS_BY_STATE}, {"state", "model"}),
-    "KV cache usage": ({constants.M_KV_USAGE}, set()),
-    "admission decisions": ({constants.M_ADMISSIONS}, {"outcome", "reason"}),
-    "drops before decode": ({constants.M_DROPPED}, {"reason"}),
+    "KV cache usage": ({constants.M_KV_USAGE}, {"model"}),
+    "admission decisions": ({constants.M_ADMISSIONS}, {"outcome", "reason", "model"}),
+    "drops before decode": ({constants.M_DROPPED}, {"reason", "model"}),
 }
 
 
@@ -164,10 +170,54 @@ def check_dashboard_panels(deploy: Deploy) -> None:
         ), f"no panel of {need}"
 
 
+# The label of a worker pool's series (its model), and the dashboard's variable that picks them.
+MODEL = "model"
+
+
+def check_dashboard_models(deploy: Deploy) -> None:
+    """The dashboard shows the models its variable ``model`` picks (several, or All: every
+    series, those without the label too), reading the models from series that carry the
+    label. Every query of a family that carries ``model`` wherever it is exported keeps only
+    the models picked, unless it reads a family without the label too: a figure of the whole
+    pipeline, such as λ·W from the submits and the latencies."""
+    dashboard = deploy["dashboard"]
+    variable = variables(dashboard)[MODEL]
+    assert variable["type"] == "query", variable["type"]
+    assert variable["multi"], "one model at a time"
+    assert variable["includeAll"], "no All"
+    assert variable["allValue"] == ".*", "All must match every series, those without a model"
+    query = variable["query"]
+    query = str(query["query"] if isinstance(query, dict) else query)
+    found = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query.strip())
+    assert found, f"${MODEL}: {query}"
+    assert found.group(2) == MODEL, f"${MODEL} lists {found.group(2)}"
+    named = promql_metrics(found.group(1)) | {
+        name
+        for names in re.findall(r'__name__\s*=~?\s*"([^"]*)"', found.group(1))
+        for name in names.split("|")
+    }
+    series = exported_series()
+    assert named, f"${MODEL} reads no metric"
+    for name in named:
+        assert MODEL in series.get(name, ()), f"${MODEL} reads {name}, which has no {MODEL}"
+    labelled = always_labelled(MODEL)
+    for panel in panels(dashboard):
+        for expr in exprs(panel):
+            names = promql_metrics(expr)
+            if any(MODEL not in series.get(name, ()) for name in names):
+                continue  # a figure of the whole pipeline
+            for name in names & labelled:
+                for matchers in promql_selectors(expr, name):
+                    assert selects_by(matchers, MODEL, MODEL), (
+                        f"{panel['title']}: {expr} shows every model, not ${MODEL}'s"
+                    )
+
+
 DEPLOY_CHECKS: list[Callable[[Deploy], None]] = [
     check_gateway,
     check_prometheus_targets,
     check_grafana,
     check_dashboard_metrics,
     check_dashboard_panels,
+    check_dashboard_models,
 ]

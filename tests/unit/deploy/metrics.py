@@ -6,11 +6,12 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client.metrics import MetricWrapperBase
 
+from plumbing.metrics import CONSTANT_LABELS, PREFIX, ROLES, registry
 from tests.unit.deploy.files import ROOT
 
 # Series names of one metric, by type, as the exposition format writes them.
@@ -30,10 +31,12 @@ PROMETHEUS_SERIES = {"up": frozenset[str]()}
 
 
 @functools.cache
-def exported_series() -> dict[str, frozenset[str]]:
-    """Every series name the Sluicegate processes can export, with its label names: the
-    metrics defined at module level by every module of ours that uses prometheus_client."""
-    found: dict[str, frozenset[str]] = {}
+def _definitions() -> tuple[tuple[str, frozenset[str]], ...]:
+    """(series name, label names) of every metric defined at module level by every module of
+    ours that uses prometheus_client, one row per definition (a family that two roles define
+    has a row of each). A family carries the labels its role's process adds to it as well
+    (``plumbing.metrics.label``: a worker's pool model)."""
+    found = []
     for room in ("producers", "workers", "sluicegate"):
         for path in sorted((ROOT / room).rglob("*.py")):
             text = path.read_text()
@@ -45,10 +48,39 @@ def exported_series() -> dict[str, frozenset[str]]:
                     continue
                 # prometheus_client keeps a counter's name without its _total.
                 name, kind = metric._name, str(metric._type)
-                labels = frozenset(metric._labelnames)
+                labels = frozenset(metric._labelnames) | added_labels(metric)
                 for suffix in SUFFIXES[kind]:
-                    found[name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
+                    bucket = {"le"} if suffix == "_bucket" else set()
+                    found.append((name + suffix, labels | bucket))
+    return tuple(found)
+
+
+def added_labels(metric: MetricWrapperBase) -> frozenset[str]:
+    """The labels the process adds to ``metric`` as it exports it: those of the roles whose
+    registry holds it, for our families."""
+    if not metric._name.startswith(PREFIX):
+        return frozenset()
+    return frozenset().union(
+        *(CONSTANT_LABELS[role] for role in ROLES if metric in registry(role)._collector_to_names)
+    )
+
+
+def exported_series() -> dict[str, frozenset[str]]:
+    """Every series name the Sluicegate processes can export, with every label name it may
+    carry."""
+    found: dict[str, frozenset[str]] = {}
+    for name, labels in _definitions():
+        found[name] = found.get(name, frozenset()) | labels
     return found
+
+
+def always_labelled(label: str) -> set[str]:
+    """The series that carry ``label`` wherever they are exported (the dead letters, which a
+    worker and the webhook dispatcher both export, only if both give it)."""
+    definitions = _definitions()
+    return {name for name, _ in definitions} - {
+        name for name, labels in definitions if label not in labels
+    }
 
 
 PROMQL_KEYWORDS = {
@@ -97,9 +129,50 @@ def promql_grouping(expr: str) -> set[str]:
     }
 
 
-def promql_matchers(expr: str) -> list[tuple[str, str]]:
-    """(label, value) of each ``label="value"`` matcher."""
-    return re.findall(r"(\w+)\s*=\s*\"([^\"]*)\"", " ".join(re.findall(r"\{[^}]*\}", expr)))
+# The matchers of a selector, in braces (a quoted value may hold a brace: ${model}).
+_MATCHERS = rf'\{{((?:{_STRING}|[^}}"\'`])*)\}}'
+
+
+def promql_matchers(expr: str) -> list[tuple[str, str, str]]:
+    """(label, operator, value) of each matcher (``=``, ``!=``, ``=~``, ``!~``)."""
+    return [
+        found
+        for matchers in re.findall(_MATCHERS, expr)
+        for found in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"', matchers)
+    ]
+
+
+def promql_selectors(expr: str, metric: str) -> list[str]:
+    """The matchers of each selector of ``metric`` in ``expr`` (``""`` where it has none)."""
+    name = re.escape(metric)
+    found = re.finditer(rf"(?<![\w:]){name}(?![\w:])\s*(?:{_MATCHERS})?", expr)
+    return [match.group(1) or "" for match in found]
+
+
+def selects_by(matchers: str, label: str, variable: str) -> bool:
+    """Whether ``matchers`` hold ``label=~"$variable"`` (or ``${variable}``)."""
+    value = rf"\$(?:{variable}\b|\{{{variable}\}})"
+    return re.search(rf'(?<![\w]){label}\s*=~\s*"{value}"', matchers) is not None
+
+
+def grafana_query(expr: str, values: Mapping[str, str]) -> str:
+    """``expr`` as Grafana sends it: each variable of ``values`` (``$name`` or ``${name}``,
+    ``__rate_interval`` among them) replaced by its value, any other left as it is."""
+    return re.sub(
+        r"\$\{(\w+)\}|\$(\w+)",
+        lambda match: values.get(match.group(1) or match.group(2), match.group()),
+        expr,
+    )
+
+
+def variables(dashboard: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The dashboard's template variables by name."""
+    return {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+
+
+def all_values(dashboard: dict[str, Any]) -> dict[str, str]:
+    """What each variable stands for with All chosen (``$model`` as ``.*``)."""
+    return {name: str(v["allValue"]) for name, v in variables(dashboard).items()}
 
 
 def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:

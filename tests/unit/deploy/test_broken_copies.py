@@ -1,15 +1,20 @@
-"""Every check rejects a copy of the files broken in the way it guards against, so that none
-can pass vacuously."""
+"""Every check of docker-compose.yml, the Dockerfile and .dockerignore rejects a copy of the
+files broken in the way it guards against, so that none can pass vacuously
+(test_broken_deploy does the same for deploy/)."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Any, NamedTuple
 
 import pytest
 
-from schemas import constants
+from tests.unit.deploy.breaking import (
+    BROKEN,
+    Breakage,
+    at,
+    edit,
+    gpu_twin,
+)
 from tests.unit.deploy.compose_checks import (
     COMPOSE_CHECKS,
     check_api,
@@ -23,6 +28,7 @@ from tests.unit.deploy.compose_checks import (
     check_metrics_endpoints,
     check_partitions,
     check_pinned_images,
+    check_pools,
     check_references,
     check_roles_wait_for_migrations,
     check_services,
@@ -33,116 +39,18 @@ from tests.unit.deploy.compose_checks import (
     check_volumes,
     check_workers,
 )
-from tests.unit.deploy.deploy_checks import (
-    DEPLOY_CHECKS,
-    check_dashboard_metrics,
-    check_dashboard_panels,
-    check_gateway,
-    check_grafana,
-    check_prometheus_targets,
-)
 from tests.unit.deploy.files import (
     DOCKERFILE,
     DOCKERIGNORE,
-    Compose,
-    Deploy,
     load_compose,
-    load_deploy,
+    sluicegate_services,
 )
-from tests.unit.deploy.metrics import exprs, panels
-
-# What a broken file makes a check raise: a failed assertion or a missing/ill-typed key.
-BROKEN = (AssertionError, LookupError, TypeError, ValueError)
-
-
-def _parent(tree: dict[str, Any], path: str) -> tuple[Any, Any]:
-    """The container holding the last key of a /-separated path (list indices as numbers)."""
-    node: Any = tree
-    keys: list[Any] = [int(k) if k.isdigit() else k for k in path.split("/")]
-    for key in keys[:-1]:
-        node = node[key]
-    return node, keys[-1]
-
-
-DROP = object()
-
-
-def at(path: str, value: object = DROP) -> Callable[[Any], None]:
-    """A breakage that sets the value at a /-separated path (services/kafka/image), or drops
-    the key there."""
-
-    def mutate(tree: Any) -> None:
-        node, last = _parent(tree, path)
-        if value is DROP:
-            del node[last]
-        else:
-            node[last] = copy.deepcopy(value)
-
-    return mutate
-
-
-def edit(path: str, change: Callable[[Any], Any]) -> Callable[[Any], None]:
-    def mutate(tree: Any) -> None:
-        node, last = _parent(tree, path)
-        node[last] = change(node[last])
-
-    return mutate
-
-
-def nginx(old: str, new: str) -> Callable[[Deploy], None]:
-    """Rewrite a snippet of nginx.conf (it must be there, or the breakage would be void)."""
-
-    def mutate(deploy: Deploy) -> None:
-        assert old in deploy["nginx"], old
-        deploy["nginx"] = deploy["nginx"].replace(old, new)
-
-    return mutate
-
-
-def gpu_twin(**device: object) -> Callable[[Compose], None]:
-    """A second vLLM worker, reserving ``device``."""
-
-    def mutate(compose: Compose) -> None:
-        twin = copy.deepcopy(compose["services"]["worker"])
-        twin["deploy"]["resources"]["reservations"]["devices"] = [
-            {"driver": "nvidia", "capabilities": ["gpu"], **device}
-        ]
-        compose["services"]["worker-gpu1"] = twin
-
-    return mutate
-
-
-def first_panel(deploy: Deploy, metric: str) -> dict[str, Any]:
-    return next(p for p in panels(deploy["dashboard"]) if any(metric in e for e in exprs(p)))
-
-
-def panel_at(metric: str, key: str, value: object) -> Callable[[Deploy], None]:
-    return lambda deploy: first_panel(deploy, metric).__setitem__(key, value)
-
-
-def reword(metric: str, old: str, new: str) -> Callable[[Deploy], None]:
-    """Rewrite the first query of the first panel that reads ``metric``."""
-
-    def mutate(deploy: Deploy) -> None:
-        target = first_panel(deploy, metric)["targets"][0]
-        assert old in target["expr"], target["expr"]
-        target["expr"] = target["expr"].replace(old, new)
-
-    return mutate
-
-
-class Breakage(NamedTuple):
-    id: str
-    check: Callable[[Any], None]
-    mutate: Callable[[Any], None]
-
 
 S = "services"
 KAFKA_ENV = f"{S}/kafka/environment"
 WORKER_ENV = f"{S}/worker/environment"
 WEBHOOKS = f"{S}/webhooks"
 API_CMD = ["api", "--host", "0.0.0.0", "--port", "8000", "--workers", "4"]
-SCRAPE = "prometheus/scrape_configs"
 DEVICE_0 = f"{S}/worker/deploy/resources/reservations/devices/0"
 DB_URL = "postgresql://sluicegate:sluicegate@{}:5432/{}"
 BREAKAGES = [
@@ -278,6 +186,31 @@ BREAKAGES = [
     Breakage("a second worker by count", check_gpu_workers, gpu_twin(count=1)),
     Breakage("gpu worker replicated", check_gpu_workers, at(f"{S}/worker/deploy/replicas", 2)),
     Breakage("gpu by count beside ids", check_gpu_workers, at(f"{DEVICE_0}/count", 1)),
+    Breakage("small model without a gpu worker", check_pools, at(f"{S}/worker-small")),
+    Breakage("small model without a cpu worker", check_pools, at(f"{S}/sim-worker-small")),
+    Breakage(
+        "both gpu workers on one pool",
+        check_pools,
+        at(f"{S}/worker-small/environment/SLUICEGATE_WORKER_MODEL"),
+    ),
+    Breakage(
+        "a worker of no pool",
+        check_pools,
+        at(f"{S}/sim-worker-small/environment/SLUICEGATE_WORKER_MODEL", "gamma"),
+    ),
+    Breakage(
+        "the relay knows one pool",
+        check_pools,
+        at(f"{S}/relay/environment/SLUICEGATE_POOLS", '{"alpha": {}}'),
+    ),
+    Breakage(
+        "one pool",
+        check_pools,
+        lambda compose: [
+            service["environment"].pop("SLUICEGATE_POOLS")
+            for service in sluicegate_services(compose).values()
+        ],
+    ),
     Breakage(
         "webhooks killed mid-attempt",
         check_stop_grace,
@@ -324,102 +257,12 @@ BREAKAGES = [
         at(f"{S}/grafana/image", "grafana/grafana:latest"),
     ),
     Breakage("prometheus untagged", check_pinned_images, at(f"{S}/prometheus/image", "prom/prom")),
-    # deploy/: the gateway, Prometheus and Grafana
-    Breakage(
-        "nginx before resolve", check_gateway, at(f"compose/{S}/gateway/image", "nginx:1.26.3")
-    ),
-    Breakage("gateway on 8080", check_gateway, at(f"compose/{S}/gateway/ports", ["8080:8000"])),
-    Breakage("upstream on 8080", check_gateway, nginx("api:8000 resolve;", "api:8080 resolve;")),
-    Breakage("upstream resolved once", check_gateway, nginx("api:8000 resolve;", "api:8000;")),
-    Breakage(
-        "batches refused by nginx",
-        check_gateway,
-        nginx("client_max_body_size 136m;", "client_max_body_size 1m;"),
-    ),
-    Breakage(
-        "long-polls cut",
-        check_gateway,
-        nginx("proxy_read_timeout 90s;", "proxy_read_timeout 60s;"),
-    ),
-    Breakage(
-        "bodies spooled",
-        check_gateway,
-        nginx("proxy_request_buffering off;", "proxy_request_buffering on;"),
-    ),
-    Breakage(
-        "relay scraped on the wrong port",
-        check_prometheus_targets,
-        at(f"{SCRAPE}/1/dns_sd_configs/0/port", 9200),
-    ),
-    Breakage(
-        "a target that is no service",
-        check_prometheus_targets,
-        at(f"{SCRAPE}/3/dns_sd_configs/0/names", ["workers"]),
-    ),
-    Breakage("webhooks never scraped", check_prometheus_targets, at(f"{SCRAPE}/2")),
-    Breakage("api metrics path", check_prometheus_targets, at(f"{SCRAPE}/0/metrics_path", "/x")),
-    Breakage(
-        "api scraped on a metrics port it lacks",
-        check_prometheus_targets,
-        at(f"{SCRAPE}/0", {"job_name": "api", "static_configs": [{"targets": ["api:9100"]}]}),
-    ),
-    Breakage(
-        "prometheus reads another file",
-        check_prometheus_targets,
-        at(f"compose/{S}/prometheus/volumes/0", "./deploy/prometheus:/etc/x"),
-    ),
-    Breakage(
-        "data source on localhost",
-        check_grafana,
-        at("datasources/datasources/0/url", "http://localhost:9090"),
-    ),
-    Breakage(
-        "dashboards looked for elsewhere",
-        check_grafana,
-        at("providers/providers/0/options/path", "/var/lib/grafana/dashboards"),
-    ),
-    Breakage(
-        "panel on another data source",
-        check_grafana,
-        panel_at(constants.M_LAG, "datasource", {"uid": "prom"}),
-    ),
-    Breakage(
-        "metric no code exports",
-        check_dashboard_metrics,
-        reword(constants.M_LAG, constants.M_LAG, "sluicegate_lag"),
-    ),
-    Breakage(
-        "vLLM's old metric name",
-        check_dashboard_metrics,
-        reword(constants.M_KV_USAGE, constants.M_KV_USAGE, "vllm:gpu_cache_usage_perc"),
-    ),
-    Breakage(
-        "grouped by a label the metric lacks",
-        check_dashboard_metrics,
-        reword(constants.M_DROPPED, "by (reason)", "by (cause)"),
-    ),
-    Breakage(
-        "a job that is not scraped",
-        check_dashboard_metrics,
-        reword(constants.M_LAG, constants.M_LAG, constants.M_LAG + '{job="apis"}'),
-    ),
-    Breakage(
-        "no drops panel",
-        check_dashboard_panels,
-        lambda d: d["dashboard"]["panels"].remove(first_panel(d, constants.M_DROPPED)),
-    ),
-    Breakage(
-        "admission not broken out by reason",
-        check_dashboard_panels,
-        reword(constants.M_ADMISSIONS, "by (outcome, reason)", "by (outcome)"),
-    ),
-    Breakage("repeated panel id", check_dashboard_panels, panel_at(constants.M_KV_USAGE, "id", 1)),
 ]
 
 
 @pytest.mark.parametrize("breakage", BREAKAGES, ids=lambda b: b.id)
 def test_broken_files_are_rejected(breakage: Breakage) -> None:
-    files = load_deploy() if breakage.check in DEPLOY_CHECKS else load_compose()
+    files = load_compose()
     breakage.check(copy.deepcopy(files))  # passes on the real files...
     breakage.mutate(files)
     with pytest.raises(BROKEN):  # ...and fails on the broken ones
@@ -427,7 +270,7 @@ def test_broken_files_are_rejected(breakage: Breakage) -> None:
 
 
 def test_every_check_has_a_breakage() -> None:
-    assert {b.check for b in BREAKAGES} == set(COMPOSE_CHECKS) | set(DEPLOY_CHECKS)
+    assert {b.check for b in BREAKAGES} == set(COMPOSE_CHECKS)
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,17 @@ from tests.unit.deploy.files import (
     load_compose,
     load_deploy,
 )
-from tests.unit.deploy.metrics import exported_series, promql_grouping, promql_metrics
+from tests.unit.deploy.metrics import (
+    all_values,
+    always_labelled,
+    exported_series,
+    grafana_query,
+    promql_grouping,
+    promql_matchers,
+    promql_metrics,
+    promql_selectors,
+    selects_by,
+)
 
 
 @pytest.mark.parametrize("check", COMPOSE_CHECKS, ids=lambda check: check.__name__)
@@ -104,3 +114,47 @@ def test_the_metric_catalog_is_the_codes() -> None:
     assert constants.M_LAG in series
     assert "sluicegate_webhook_attempts_total" in series  # workers/webhooks/dispatch.py
     assert not any(name.startswith("vllm:") for name in series)
+
+
+def test_a_query_as_grafana_sends_it() -> None:
+    dashboard = load_deploy()["dashboard"]
+    values = {**all_values(dashboard), "__rate_interval": "5m"}
+    assert values["model"] == ".*"
+    expr = 'sum by (model) (rate(a_total{model=~"$model", b=~"${model}"}[$__rate_interval]))'
+    assert grafana_query(expr, values) == (
+        'sum by (model) (rate(a_total{model=~".*", b=~".*"}[5m]))'
+    )
+    assert grafana_query('a{x=~"$models"}[${__rate_interval}]', values) == 'a{x=~"$models"}[5m]'
+
+
+def test_the_matchers_of_an_expression() -> None:
+    expr = 'a{job="api", code=~"4..", m=~"${model}"} / b{x!="y\\"z"} + c{z!~"q"}[5m]'
+    assert promql_matchers(expr) == [
+        ("job", "=", "api"),
+        ("code", "=~", "4.."),
+        ("m", "=~", "${model}"),
+        ("x", "!=", 'y\\"z'),
+        ("z", "!~", "q"),
+    ]
+
+
+def test_the_selectors_of_a_metric() -> None:
+    expr = 'a{model=~"$model"} / on (model) a_b{model=~"$model"} + a + a{x="y", model=~"${model}"}'
+    found = promql_selectors(expr, "a")
+    assert found == ['model=~"$model"', "", 'x="y", model=~"${model}"']
+    assert [selects_by(m, "model", "model") for m in found] == [True, False, True]
+    assert not selects_by('model="$model"', "model", "model")
+    assert not selects_by('model=~"$models"', "model", "model")
+
+
+def test_a_worker_family_carries_its_pool_model() -> None:
+    """plumbing.metrics.label gives the worker's families ``model`` as they are exported."""
+    series = exported_series()
+    assert "model" in series[constants.M_JOBS_STARTED]
+    assert series[constants.M_JOB_SECONDS + "_bucket"] >= {"le", "model"}
+    labelled = always_labelled("model")
+    assert constants.M_KV_USAGE in labelled
+    # The dead letters: a worker's carry the model, the webhook dispatcher's do not.
+    assert "model" in series[constants.M_DEAD_LETTERED]
+    assert constants.M_DEAD_LETTERED not in labelled
+    assert constants.M_RELAY_PUBLISHED not in labelled
