@@ -17,7 +17,7 @@ own defaults are the longer runs of the README's figures), writes docs/bench/NAM
 NAME.png for each and docs/bench/summary.json, and ends with a table of the headline
 figures. ``--quick`` runs every scenario with ``--quick`` and writes into a temporary
 directory, never docs/bench. The scenarios marked `in_suite=False` (the soak, files, retention,
-costs, relay_rate, fleet, brokers, scale, overview) run only when named (``--only soak``).
+costs, relay_rate, fleet, brokers, scale, overview, isolation) run only when named (``--only soak``).
 """
 
 from __future__ import annotations
@@ -156,6 +156,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         module="benchmarks.scenarios.overview",
         argv=(),
         expected_s=120,
+        in_suite=False,
+    ),
+    # Two pools: model A flooded at 3x its capacity beside model B at half of its own.
+    Scenario(
+        name="isolation",
+        module="benchmarks.scenarios.isolation",
+        argv=(),
+        expected_s=150,
         in_suite=False,
     ),
 )

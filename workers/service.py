@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.db import make_engine
 from plumbing.kafka import close_client, make_consumer
+from plumbing.metrics import label
 from plumbing.metrics import serve as serve_metrics
 from plumbing.pools import Pools
 from plumbing.retry import Stopped, outage, retrying
@@ -162,6 +163,7 @@ async def run_worker(
     (tests and benchmarks watch it)."""
     pool = Pools(settings).for_worker()
     settings = pool.settings
+    label("worker", model=pool.model)  # every family it exports: its pool's model
     serve_metrics("worker", settings.metrics_port)
     own = settings.worker
     inference = engine if engine is not None else build_engine(own.engine, settings.engines)

@@ -20,7 +20,7 @@ class PoolSettings(SettingsGroup):
         default={},
         description="One worker pool per model: a JSON object of model name → that pool's "
         'settings where they differ from the others, e.g. `{"alpha": {}, "beta": '
-        '{"lag_hard": 500, "sim_profile": "large"}}`. The first pool keeps `dispatch_topic` '
+        '{"lag_hard": 500, "sim_time_scale": 2}}`. The first pool keeps `dispatch_topic` '
         "and `consumer_group`; every other one gets `<dispatch_topic>.<model>` and "
         "`<consumer_group>.<model>` unless its settings name others. Its models are the "
         "names a request may give (`models` is then theirs). Empty: one pool, serving every "

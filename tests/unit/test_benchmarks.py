@@ -33,6 +33,7 @@ SUITE = ["admission", "kv_pull", "overload", "longpoll", "scale_out", "ingress"]
 ONLY_WHEN_NAMED = [
     *("soak", "files", "retention", "costs", "relay_rate", "fleet", "brokers", "scale"),
     "overview",
+    "isolation",
 ]
 # Scenarios the runner does not run, each with its reason (run as python -m
 # benchmarks.scenarios.NAME); they have the runner's shape all the same.

@@ -105,7 +105,7 @@ BREAKAGES = [
     Breakage(
         "a model picked from a family without one",
         check_dashboard_metrics,
-        reword(constants.M_LATENCY_W, constants.M_LATENCY_W, constants.M_LATENCY_W + MODEL_PICKED),
+        reword(constants.M_REFUSED, constants.M_REFUSED, constants.M_REFUSED + MODEL_PICKED),
     ),
     Breakage(
         "no drops panel",
