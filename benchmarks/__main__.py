@@ -16,8 +16,9 @@ The suite runs each scenario with the shorter arguments in ``SCENARIOS`` (the mo
 own defaults are the longer runs of the README's figures), writes docs/bench/NAME.json and
 NAME.png for each and docs/bench/summary.json, and ends with a table of the headline
 figures. ``--quick`` runs every scenario with ``--quick`` and writes into a temporary
-directory, never docs/bench. The scenarios marked `in_suite=False` (the soak, files, retention,
-costs, relay_rate, fleet, brokers, scale, overview, isolation) run only when named (``--only soak``).
+directory, never docs/bench. The scenarios marked `in_suite=False` (the soak, files,
+retention, costs, relay_rate, fleet, brokers, scale, overview, isolation) run only when named
+(``--only soak``).
 """
 
 from __future__ import annotations

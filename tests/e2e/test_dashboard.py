@@ -1,8 +1,9 @@
 """The shipped Grafana dashboard against a real Prometheus: every panel shows data.
 
 The roles run as a user runs them (``python -m sluicegate api|relay|worker|webhooks``, two
-workers on the simulator), each serving its metrics on a port of its own; Prometheus
-(Debian's ``prometheus``) scrapes them every second with the scrape jobs of
+pools, alpha and beta, with a worker each on the simulator), each serving its metrics on a
+port of its own; Prometheus (Debian's ``prometheus``) scrapes them every second with the
+scrape jobs of
 deploy/prometheus/prometheus.yml (tests/e2e/prometheus.py). A load of about a minute
 exercises every panel: steady submits, bursts over ``lag_hard`` (429) and bad requests
 (4xx), jobs that expire before decode, cancels of running jobs, webhook deliveries that
@@ -130,7 +131,15 @@ EXPECTED_LABELS: dict[tuple[str, str], set[str]] = {
     (webhook_schemas.M_WEBHOOK_ATTEMPTS, "outcome"): {"delivered", "retry", "dead", "gone"},
     (webhook_schemas.M_WEBHOOK_FINISHED, "state"): {"delivered", "dead"},
     (constants.M_DEAD_LETTERED, "source"): {"dispatch", "webhook"},
+    # Two pools, a worker each: every per-model panel shows both.
+    (constants.M_LAG, "model"): {"alpha", "beta"},
+    (constants.M_DRAIN_RATE, "model"): {"alpha", "beta"},
+    (constants.M_ADMISSIONS, "model"): {"alpha", "beta"},
+    (constants.M_KV_USAGE, "model"): {"alpha", "beta"},
+    (constants.M_JOBS_STARTED, "model"): {"alpha", "beta"},
+    (constants.M_TOKENS_DECODED, "model"): {"alpha", "beta"},
 }
+POOLS = ("alpha", "beta")  # the second pool's jobs: every other steady submit
 
 
 def family(series: str) -> str:
@@ -239,7 +248,7 @@ class Load:
 
     async def steady(self) -> None:
         """Single submits, one every 0.4 s, of 1-2 s each (a few in flight, under
-        lag_soft); every fifth with a callback that answers 200."""
+        lag_soft), to each pool in turn; every fifth with a callback that answers 200."""
         n = 0
 
         async def step() -> None:
@@ -247,12 +256,14 @@ class Load:
             n += 1
             extra = {"callback_url": self.receiver.url("/ok")} if n % 5 == 0 else {}
             max_tokens = self.rng.randint(100, 200)
-            await self.post("steady", self.job(max_tokens, ttl_s=600, **extra))
+            model = POOLS[n % len(POOLS)]
+            await self.post("steady", self.job(max_tokens, ttl_s=600, model=model, **extra))
 
         await self.every(0.4, step, lambda: not self.finished.is_set())
 
     async def bursts(self) -> None:
-        """Every 10 s a burst: 15 high-priority submits at once, admitted without waiting
+        """Every 10 s a burst of the first pool's model (requests that name none): 15
+        high-priority submits at once, admitted without waiting
         until the lag reaches lag_hard (the rest refused, 429 lag_hard); then 10 normal
         ones, refused at once while the lag is at lag_hard, else made to wait between
         lag_soft and lag_hard (admitted, or refused when the wait runs out)."""
@@ -497,6 +508,7 @@ async def test_every_dashboard_panel_shows_data_from_its_own_role(
         # Jobs with a deadline of 10 ms are admitted (and dropped by the workers).
         deadline_aware=False,
         drain_timeout_s=3.0,
+        pools={model: {} for model in POOLS},  # a worker each
     )
     targets = dashboard_targets()
     on_dashboard = dashboard_families(targets)
@@ -516,9 +528,10 @@ async def test_every_dashboard_panel_shows_data_from_its_own_role(
             ports = {API: [free_port()], RELAY: [free_port()], WEBHOOKS: [free_port()]}
             ports[WORKER] = [free_port(), free_port()]
             running = [started.start(API, api_port=ports[API][0])]
-            for name in (RELAY, WEBHOOKS, WORKER, WORKER):
-                port = ports[name][sum(r.name == name for r in running)]
-                running.append(started.start(name, metrics_port=port))
+            for name in (RELAY, WEBHOOKS):
+                running.append(started.start(name, metrics_port=ports[name][0]))
+            for model, port in zip(POOLS, ports[WORKER], strict=True):
+                running.append(started.start(WORKER, metrics_port=port, worker_model=model))
             config = prom.scrape_config(
                 prom.load_deploy_config(),
                 {job: [f"127.0.0.1:{p}" for p in ps] for job, ps in ports.items()},
