@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Annotated, Any, TypeVar, cast
 
-from pydantic import model_validator
+from pydantic import TypeAdapter, ValidationError, model_validator
 
 from plumbing.settings.admission import AdmissionSettings
 from plumbing.settings.api import ApiSettings
@@ -73,6 +73,18 @@ class Settings(
                     f"pools: the pool of {model!r} sets {', '.join(unknown)}, which are not "
                     "settings a pool may set"
                 )
+        fields = type(self).model_fields
+        for model, overrides in self.pools.items():  # each pool's values, checked now
+            for name, value in overrides.items():
+                field = fields[name]
+                form: Any = field.annotation
+                if field.metadata:
+                    form = Annotated[form, *field.metadata]
+                try:
+                    TypeAdapter(form).validate_python(value)
+                except ValidationError as exc:
+                    message = exc.errors(include_url=False)[0]["msg"]
+                    raise ValueError(f"pools: the pool of {model!r}: {name}: {message}") from None
         if self.worker_model is not None and self.pools and self.worker_model not in self.pools:
             pools = ", ".join(self.pools)
             raise ValueError(f"worker_model {self.worker_model!r} is not one of the pools: {pools}")

@@ -200,6 +200,21 @@ def test_bad_flags_and_input_are_one_line(tmp_path: Path) -> None:
     assert_one_line_error(
         run("submit", str(tmp_path / "a.txt"), env=bad_env), 1, "SLUICEGATE_API_PORT is not valid"
     )
+    # The pools: not JSON, a misspelt setting, a bad value, a worker of no pool, --models.
+    pools = [
+        ({"SLUICEGATE_POOLS": "{alpha}"}, ["SLUICEGATE_POOLS is not valid", "must be JSON"]),
+        ({"SLUICEGATE_POOLS": '{"a": {"lag_hrd": 5}}'}, ["the pool of 'a' sets lag_hrd"]),
+        ({"SLUICEGATE_POOLS": '{"a": {"partitions": 0}}'}, ["the pool of 'a': partitions"]),
+        (
+            {"SLUICEGATE_POOLS": '{"a": {}}', "SLUICEGATE_WORKER_MODEL": "b"},
+            ["worker_model 'b' is not one of the pools: a"],
+        ),
+    ]
+    for extra, says in pools:
+        ran = run("worker", env=env_for(tmp_path / "data", **extra))
+        assert_one_line_error(ran, 1, *says)
+    assert_one_line_error(run("up", "--models", ",", env=env), 1, "--models names no model")
+    assert_one_line_error(run("up", "--models", "a,a", env=env), 1, "names a model twice")
 
 
 def test_help_shows_defaults_and_limits(tmp_path: Path) -> None:

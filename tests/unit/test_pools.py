@@ -53,6 +53,7 @@ def test_a_pool_may_name_its_own_topic_and_group() -> None:
         ({"pools": {"a": {"database_url": "x"}}}, "sets database_url"),
         ({"pools": {"a": {}}, "worker_model": "b"}, "worker_model 'b' is not one of the pools"),
         ({"pools": {"a": {"lag_hard": "many"}}}, "lag_hard"),
+        ({"pools": {"a": {"partitions": 0}}}, "the pool of 'a': partitions"),
     ],
 )
 def test_a_wrong_pool_is_refused_with_what_is_wrong(given: dict[str, object], says: str) -> None:
