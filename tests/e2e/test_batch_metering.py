@@ -50,7 +50,7 @@ class Watch:
     async def run(self, api: httpx.AsyncClient, db: AsyncEngine, stop: asyncio.Event) -> None:
         while not stop.is_set():
             for row in (await api.get("/metrics")).text.splitlines():
-                if row.startswith(f"{M_LAG} "):
+                if row.startswith((f"{M_LAG} ", f"{M_LAG}{{")):  # one pool, labelled
                     self.api_lag = max(self.api_lag, int(float(row.split()[1])))
             async with db.connect() as conn:
                 backlog = await conn.scalar(

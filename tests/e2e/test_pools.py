@@ -13,8 +13,10 @@ from collections import Counter
 
 import asyncpg
 import httpx
+import openai
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from openai import OpenAI
 
 from schemas import constants
 from tests.e2e.stack import RunningStack, wait_terminal
@@ -87,6 +89,13 @@ def test_a_flood_of_one_model_never_refuses_another(stack_factory) -> None:
         SLUICEGATE_LAG_HARD="20",
         SLUICEGATE_SIM_TIME_SCALE="3",
     )
+    key = stack.headers["Authorization"].removeprefix("Bearer ")
+    with OpenAI(base_url=f"{stack.api_url}/v1", api_key=key, max_retries=0) as client:
+        listed = list(client.models.list())  # an independent client reads the pools
+        assert [m.id for m in listed] == ["alpha", "beta"]
+        assert (listed[1].model_extra or {})["pool"]["topic"] == f"{constants.DISPATCH_TOPIC}.beta"
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("sim")  # served by no pool
     with httpx.Client(base_url=stack.api_url, headers=stack.headers, timeout=10) as api:
         models = api.get("/v1/models").json()
         assert [m["id"] for m in models["data"]] == ["alpha", "beta"]

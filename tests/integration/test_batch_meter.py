@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.pools import Pools
 from plumbing.settings import Settings
 from producers.batches.input import chunked
 from producers.batches.meter import room
@@ -200,3 +201,45 @@ async def test_a_held_job_past_its_deadline_is_never_released(db: AsyncEngine) -
     done = await meter(db).round(lambda backlog: 100, NOW, expire=False)
     assert (done.released, done.expired) == (0, 0)  # left for the expiry step
     assert (await states(db)) == Counter({("queued", True): 3})
+
+
+async def test_a_batch_of_two_models_is_split_across_their_pools(db: AsyncEngine) -> None:
+    """Each line's job waits for its own model's pool: each pool's meter releases only its
+    own held jobs into its topic, and counts only its own backlog."""
+    pools = Pools(Settings(pools={"alpha": {}, "beta": {}}, dispatch_topic="t.dispatch"))
+    requests = [
+        BatchRequest(
+            custom_id=f"line-{i}",
+            kind=JobKind.COMPLETE,
+            input="x",
+            max_tokens=4,
+            params={"model": "beta" if i % 3 == 0 else "alpha"},
+        )
+        for i in range(12)
+    ]
+    store = BatchStore(db, events_topic="t.events", topic_of=lambda m: pools.of(m).topic)
+    await store.create(
+        new("tenant"),
+        chunked(requests, chunk=5),
+        endpoint=lambda: "/v1/completions",
+        admit=lambda jobs, held: None,
+    )
+    alpha, beta = pools
+    meters = {
+        p.model: MeterStore(db, dispatch_topic=p.topic, events_topic="t.events", first=p.first)
+        for p in pools
+    }
+    done = await meters["beta"].round(lambda backlog: 100, NOW)
+    assert (done.released, done.backlog) == (4, Backlog(jobs=0, batch_jobs=0))
+    done = await meters["alpha"].round(lambda backlog: 100, NOW)
+    assert (done.released, done.backlog) == (8, Backlog(jobs=0, batch_jobs=0))
+    assert (await meters["beta"].round(lambda backlog: 100, NOW)).backlog == Backlog(
+        jobs=4, batch_jobs=4
+    )
+    async with db.connect() as conn:
+        rows = await conn.execute(select(outbox.c.topic, func.count()).group_by(outbox.c.topic))
+        assert dict(rows.all()) == {alpha.topic: 8, beta.topic: 4}
+        stored = await conn.execute(select(jobs.c.dispatch_topic, jobs.c.params))
+        assert Counter((t, p["model"]) for t, p in stored) == Counter(
+            {(alpha.topic, "alpha"): 8, (beta.topic, "beta"): 4}
+        )
