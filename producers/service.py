@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from dataclasses import replace
 from types import FrameType
 
 import uvicorn
@@ -84,7 +85,7 @@ async def run_relay(settings: Settings, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(OutboxRelay(config, store).run(stop))
             for pool in Pools(settings):  # each pool's records against its topic's log
-                own = OutboxConfig.of(pool.settings)
+                own = replace(config, kafka=pool.settings.kafka)
                 reconciler = Reconciler(
                     own,
                     OutboxStore(db, dispatch_topic=pool.topic, first=pool.first),

@@ -14,6 +14,7 @@ from rich.console import Console
 from client import demo
 from client.samples import sample_documents
 from plumbing.db import make_engine
+from plumbing.pools import Pools
 from plumbing.settings import Settings
 from producers.outbox.repository import OutboxStore
 from producers.tenancy.repository import KeyStore
@@ -177,12 +178,13 @@ def _engine(settings: Settings, engine: str) -> str:
 
 async def _redispatch(stack: Stack) -> None:
     """The broker started on an empty log (Tansu at every start, Apache Kafka on a new log):
-    give every unfinished job a new dispatch record, and say how many."""
+    give every unfinished job a new dispatch record on its pool's topic, and say how many."""
     db = make_engine(stack.database_url, pool_size=1)
     try:
-        store = OutboxStore(db, dispatch_topic=stack.settings.dispatch_topic)
-        stack.redispatched += await store.redispatch_unfinished()
-        await store.reset_ends()  # the recorded partition ends index the lost log too
+        for pool in Pools(stack.settings):
+            store = OutboxStore(db, dispatch_topic=pool.topic, first=pool.first)
+            stack.redispatched += await store.redispatch_unfinished()
+            await store.reset_ends()  # the recorded partition ends index the lost log too
     finally:
         await db.dispose()
 

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -16,8 +16,10 @@ from sqlalchemy import func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.kafka import cluster_id, make_producer
+from plumbing.pools import Pools
 from plumbing.settings import Settings
 from producers.outbox.repository import Acked, OutboxRow, OutboxStore, dispatch_row
+from producers.service import run_relay
 from schemas.tables import jobs, outbox, partition_ends
 from tests.integration.pipeline import relay_only
 from tests.integration.rows import job
@@ -219,3 +221,49 @@ async def test_a_relay_that_dies_holding_rows_loses_none(
             await conn.execute(select(jobs.c.id, jobs.c.dispatch_partition, jobs.c.dispatch_offset))
         ).all()
     assert {str(r.id): (r.dispatch_partition, r.dispatch_offset) for r in rows} == newest
+
+
+async def test_each_pools_jobs_go_to_its_topic_and_are_dispatched_again_there(
+    settings: Settings, db: AsyncEngine
+) -> None:
+    """Two pools: the relay (with its reconcilers) publishes each job to its pool's topic,
+    records each pool's ends and each job's topic; a broker that lost its log gets every
+    unfinished job of a pool again on that pool's topic, none of the other's."""
+    pooled = settings.model_copy(update={"pools": {"alpha": {}, "beta": {}}})
+    alpha, beta = Pools(pooled)
+    rows = [
+        job(f"doc {i}", "queued", None, dispatch_topic=(beta if i % 3 == 0 else alpha).topic)
+        for i in range(9)
+    ]
+    async with db.begin() as conn:
+        await conn.execute(insert(jobs), rows)
+        await conn.execute(insert(outbox), [dispatch_row(r["dispatch_topic"], r) for r in rows])
+    stop = asyncio.Event()
+    relay = asyncio.create_task(run_relay(pooled, stop))
+    try:
+        async with asyncio.timeout(60):
+            while await unpublished(db):
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await relay
+    for pool, count in ((alpha, 6), (beta, 3)):
+        records = await read_all(settings, pool.topic, count)
+        mine = {r["id"] for r in rows if r["dispatch_topic"] == pool.topic}
+        assert {job_of(value) for _, _, _, value in records} == mine
+        assert await recorded_ends(db, pool.topic) == true_ends(records)
+    async with db.connect() as conn:
+        stored = (await conn.execute(select(jobs.c.state, jobs.c.dispatch_topic))).all()
+    assert Counter(stored) == Counter(
+        {("dispatched", alpha.topic): 6, ("dispatched", beta.topic): 3}
+    )
+
+    again = OutboxStore(db, dispatch_topic=beta.topic, first=beta.first)
+    assert await again.redispatch_unfinished() == 3
+    async with db.connect() as conn:
+        waiting = await conn.execute(
+            select(outbox.c.topic, func.count())
+            .where(outbox.c.published_at.is_(None))
+            .group_by(outbox.c.topic)
+        )
+        assert dict(waiting.all()) == {beta.topic: 3}
