@@ -26,6 +26,12 @@ class AdmissionView(BaseModel):
     )
 
 
+class PoolAdmissionView(AdmissionView):
+    """One pool's admission: its model's submits meet it."""
+
+    model: str = Field(description="The pool's model")
+
+
 class JobCount(BaseModel):
     model: str = Field(description=f"The request's model ({DEFAULT_MODEL}: none named)")
     state: str
@@ -60,7 +66,10 @@ class Overview(BaseModel):
     generated_at: float
     window_s: int
     operator: bool = Field(description="Whether the counts cover every tenant")
-    admission: AdmissionView
+    admission: AdmissionView = Field(description="The first pool's (the only one without pools)")
+    pools: list[PoolAdmissionView] = Field(
+        default=[], description="Each pool's admission, in the order the pools are configured"
+    )
     jobs: list[JobCount]
     drops: list[DropCount]
     workers: list[WorkerView]

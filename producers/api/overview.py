@@ -4,13 +4,21 @@ the workers with their capacity (``schemas.overview``)."""
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 from producers.api import openapi
-from producers.api.deps import Admission, AppSettings, CallerOf, Overviews
-from schemas.overview import AdmissionView, DropCount, JobCount, Overview, WorkerView
+from producers.api.deps import AppSettings, CallerOf, Overviews, Pools
+from schemas.overview import (
+    AdmissionView,
+    DropCount,
+    JobCount,
+    Overview,
+    PoolAdmissionView,
+    WorkerView,
+)
 
 DEFAULT_WINDOW_S = 300
 MAX_WINDOW_S = 86_400
@@ -29,7 +37,7 @@ router = APIRouter(tags=["overview"])
 async def overview(
     store: Overviews,
     caller: CallerOf,
-    admission: Admission,
+    pools: Pools,
     settings: AppSettings,
     window_s: Annotated[
         int, Query(ge=1, le=MAX_WINDOW_S, description="Ended jobs and drops of this many s")
@@ -40,20 +48,15 @@ async def overview(
     workers that report themselves. Jobs and drops are the caller's tenant's, every
     tenant's for an operator key."""
     scope = None if caller.operator else caller.tenant
-    status = admission.status()
     stale_s = STALE_INTERVALS * settings.worker_report_s
     return Overview(
         generated_at=time.time(),
         window_s=window_s,
         operator=caller.operator,
-        admission=AdmissionView(
-            state=status.state,
-            lag=status.lag,
-            lag_soft=status.lag_soft,
-            lag_hard=status.lag_hard,
-            reading_age_s=status.reading_age_s,
-            retry_after_s=status.retry_after_s,
-        ),
+        admission=AdmissionView(**asdict(pools.first.admission.status())),
+        pools=[
+            PoolAdmissionView(model=p.pool.model, **asdict(p.admission.status())) for p in pools
+        ],
         jobs=[
             JobCount(model=m, state=s, count=n)
             for m, s, n in await store.job_counts(scope, window_s)

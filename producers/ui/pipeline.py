@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from producers.api import overview as overview_api
 from producers.api import webhooks as webhooks_api
-from producers.api.deps import Admission, AppSettings, Monitor, Overviews, Webhooks
+from producers.api.deps import AppSettings, Monitor, Overviews, Pools, Webhooks
 from producers.ui.pages import PageRoute, render
 from producers.ui.session import Viewing, Writing
 from schemas.errors import SluicegateError
@@ -26,11 +26,11 @@ DELIVERIES = 50
 
 
 async def _panel(
-    store: Overviews, viewer: Viewing, admission: Admission, settings: AppSettings, monitor: Monitor
+    store: Overviews, viewer: Viewing, pools: Pools, settings: AppSettings, monitor: Monitor
 ) -> dict[str, Any]:
     """GET /v1/overview's answer, the jobs by model and state as a table, and the rates the
     lag moves at."""
-    found = await overview_api.overview(store, viewer.caller, admission, settings, WINDOW_S)
+    found = await overview_api.overview(store, viewer.caller, pools, settings, WINDOW_S)
     models = sorted({c.model for c in found.jobs})
     counts = {(c.model, c.state): c.count for c in found.jobs}
     lag = monitor.snapshot()
@@ -41,7 +41,7 @@ async def _panel(
         "job_states": [s.value for s in JobState],
         "drain_rate": lag.drain_rate,
         "arrival_rate": lag.arrival_rate,
-        "blocked": admission.blocked,
+        "blocked": sum(p.admission.blocked for p in pools),
         "poll_s": POLL_S,
     }
 
@@ -51,11 +51,11 @@ async def pipeline_page(
     request: Request,
     viewer: Viewing,
     store: Overviews,
-    admission: Admission,
+    pools: Pools,
     settings: AppSettings,
     monitor: Monitor,
 ) -> HTMLResponse:
-    panel = await _panel(store, viewer, admission, settings, monitor)
+    panel = await _panel(store, viewer, pools, settings, monitor)
     return render(request, "pipeline.html", viewer, **panel)
 
 
@@ -66,11 +66,11 @@ async def pipeline_panel(
     request: Request,
     viewer: Viewing,
     store: Overviews,
-    admission: Admission,
+    pools: Pools,
     settings: AppSettings,
     monitor: Monitor,
 ) -> HTMLResponse:
-    panel = await _panel(store, viewer, admission, settings, monitor)
+    panel = await _panel(store, viewer, pools, settings, monitor)
     return render(request, "pipeline_panel.html", viewer, **panel)
 
 

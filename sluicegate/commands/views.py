@@ -11,7 +11,7 @@ from rich.text import Text
 
 from schemas.api import JobView
 from schemas.batches import BatchView
-from schemas.overview import Overview
+from schemas.overview import Overview, PoolAdmissionView
 from schemas.states import JobState
 from schemas.timeline import JobTimeline
 from schemas.webhooks import DeliveryDetail
@@ -26,6 +26,8 @@ def overview(view: Overview, api_url: str, problem: str | None = None) -> Render
     scope = "every tenant" if view.operator else "this key's tenant"
     head = Text(f"Sluicegate at {api_url}: {scope}, ended jobs of the last {_span(view.window_s)}")
     parts: list[RenderableType] = [head, admission(view)]
+    if len(view.pools) > 1:  # a line a model's pool
+        parts[1:] = [Text("admission by model"), *(admission(view, p) for p in view.pools)]
     if problem:
         parts.append(Text(problem, style="bold red"))
     for section in (jobs_by_state(view), drops(view), workers(view)):
@@ -33,9 +35,10 @@ def overview(view: Overview, api_url: str, problem: str | None = None) -> Render
     return Group(*parts)
 
 
-def admission(view: Overview) -> Text:
-    a = view.admission
-    line = Text("admission ")
+def admission(view: Overview, pool: PoolAdmissionView | None = None) -> Text:
+    """Admission as a submit meets it: the first pool's, or ``pool``'s on a line of its own."""
+    a = pool or view.admission
+    line = Text(f"  {pool.model}: " if pool else "admission ")
     line.append(a.state, style=ADMISSION_STYLE.get(a.state, ""))
     lag = NONE if a.lag is None else str(a.lag)
     line.append(f"  lag {lag} (soft {a.lag_soft}, hard {a.lag_hard})")

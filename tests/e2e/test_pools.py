@@ -108,6 +108,9 @@ def test_a_flood_of_one_model_never_refuses_another(stack_factory) -> None:
             assert time.monotonic() < deadline, api.get("/v1/models").json()
             time.sleep(0.5)
         assert api.get("/v1/models/alpha").json()["pool"]["workers"] == 1
+        pooled = api.get("/v1/overview").json()["pools"]  # `sluicegate status` shows each
+        assert [p["model"] for p in pooled] == ["alpha", "beta"]
+        assert [p["lag_hard"] for p in pooled] == [20, 20]
 
     answers, seconds, beta = asyncio.run(flood_and_beta(stack))
     codes = Counter(r.status_code for r in answers)

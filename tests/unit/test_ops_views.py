@@ -8,7 +8,14 @@ from typing import get_args
 from rich.console import Console, RenderableType
 
 from schemas.batches import Status
-from schemas.overview import AdmissionView, DropCount, JobCount, Overview, WorkerView
+from schemas.overview import (
+    AdmissionView,
+    DropCount,
+    JobCount,
+    Overview,
+    PoolAdmissionView,
+    WorkerView,
+)
 from schemas.states import JobState
 from sluicegate.commands import ops_args, views
 
@@ -81,3 +88,19 @@ def test_a_refusing_api_says_when_to_retry_and_a_lost_one_says_so() -> None:
     assert "cannot reach the API" in shown
     unknown = text(views.admission(overview(state="unknown", lag=None).model_copy()))
     assert "admission unknown  lag - (soft 100" in unknown
+
+
+def test_with_several_pools_status_shows_each_models_admission() -> None:
+    one = overview()
+    pools = [
+        PoolAdmissionView(model="alpha", **{**one.admission.model_dump(), "state": "refusing"}),
+        PoolAdmissionView(model="beta", **{**one.admission.model_dump(), "lag": 0}),
+    ]
+    shown = text(views.overview(one.model_copy(update={"pools": pools}), "http://api"))
+    assert "admission by model" in shown
+    assert "  alpha: refusing  lag 3 (soft 100, hard 200)" in shown
+    assert "  beta: open  lag 0 (soft 100, hard 200)" in shown
+    # One pool: the one line, as before.
+    single = text(views.overview(one.model_copy(update={"pools": pools[:1]}), "http://api"))
+    assert "admission by model" not in single
+    assert "admission open  lag 3" in single
