@@ -28,11 +28,25 @@ def _pg_bin() -> Path:
     return Path(POSTGRES_BIN_PATH)
 
 
+# Ports this process handed out or was told are taken: free_port never gives one again (the
+# kernel may, as nothing holds a port between its ask and the bind that takes it).
+_PROMISED: set[int] = set()
+
+
+def promise(*ports: int) -> None:
+    """Ports free_port must not give: taken by another process's coming bind (the API's)."""
+    _PROMISED.update(ports)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A loopback port free now, and never one this process gave or was promised before."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _PROMISED:
+            _PROMISED.add(port)
+            return port
 
 
 class EmbeddedError(RuntimeError):

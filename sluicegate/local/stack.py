@@ -25,7 +25,7 @@ from sluicegate.local.broker.base import Broker, BrokerInfo
 from sluicegate.local.broker.choose import Choice, make_broker
 from sluicegate.local.broker.tansu import WORKAROUNDS as TANSU_WORKAROUNDS
 from sluicegate.local.children import Child, is_engine, worker_children
-from sluicegate.local.embedded import EmbeddedPostgres, free_port
+from sluicegate.local.embedded import EmbeddedPostgres, free_port, promise
 from sluicegate.local.lock import DataDirLock
 from sluicegate.local.model import served_names
 
@@ -76,6 +76,7 @@ class Stack:
 
     async def start_services(self) -> None:
         """PostgreSQL, the broker, migrations and topics."""
+        promise(self.settings.api_port)  # neither service may take the API's port
         data_dir = self.settings.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         if self.settings.database_url:
