@@ -57,7 +57,8 @@ class SharedLagSource:
         try:
             if not self._reader and await self._store.try_lock():
                 self._is_reader(True)
-                log.info("lag: this replica (%s) now reads the lag for all", self._name)
+                of = f" of {self._model}" if self._model else ""
+                log.info("lag%s: this replica (%s) now reads the lag for all", of, self._name)
             if self._reader:
                 return await self._take(mark)
             return await self._follow()

@@ -228,7 +228,7 @@ def banner(stack: Stack, key: str | None) -> str:
         ("API key", str(where) if key else "off (auth = tenant_header)"),
         ("database", stack.database_url),
         ("broker", broker_line(stack)),
-        ("workers", str(stack.workers)),
+        ("workers", workers_line(stack)),
         ("engine", engine_line(stack)),
         ("models", models_line(stack)),
         *((label, url) for label, url in stack.urls() if label != "API"),
@@ -254,6 +254,13 @@ def broker_line(stack: Stack) -> str:
     if stack.fresh_broker and stack.redispatched:
         line += f"; {stack.redispatched} unfinished jobs re-dispatched on its new log"
     return line
+
+
+def workers_line(stack: Stack) -> str:
+    pools = len(stack.settings.pools)
+    if pools < 2:
+        return str(stack.workers)
+    return f"{stack.workers} per model ({stack.workers * pools} in all)"
 
 
 def models_line(stack: Stack) -> str:
