@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -75,7 +76,11 @@ def wait_for(driver: WebDriver, condition: Callable[[WebDriver], T], what: str) 
     """``condition``'s first truthy answer, polled until WAIT_S; on a timeout the
     failure names ``what`` and shows the page's text."""
     try:
-        return WebDriverWait(driver, WAIT_S, poll_frequency=0.2).until(condition)
+        # A step's page is swapped under the condition (a redirect, htmx): an element it
+        # found may be gone by the time it is read, so that is polled again, not a failure.
+        ignored = (StaleElementReferenceException, NoSuchElementException)
+        wait = WebDriverWait(driver, WAIT_S, poll_frequency=0.2, ignored_exceptions=ignored)
+        return wait.until(condition)
     except Exception as exc:
         text = driver.find_element("tag name", "body").text[-2000:]
         where = driver.current_url

@@ -157,11 +157,6 @@ async def test_waiters_woken_together_share_one_read(
     api: httpx.AsyncClient, db: AsyncEngine
 ) -> None:
     ids = [await submit(api) for _ in range(20)]
-    waiting = [
-        asyncio.create_task(api.get(f"/v1/jobs/{job_id}", params={"wait": 20})) for job_id in ids
-    ]
-    await asyncio.sleep(1.0)  # every request has read its job once and waits
-    assert not any(task.done() for task in waiting)
     reads: list[str] = []
 
     def count_reads(conn: object, cursor: object, statement: str, *args: object) -> None:
@@ -170,6 +165,17 @@ async def test_waiters_woken_together_share_one_read(
 
     event.listen(db.sync_engine, "before_cursor_execute", count_reads)
     try:
+        waiting = [
+            asyncio.create_task(api.get(f"/v1/jobs/{job_id}", params={"wait": 20}))
+            for job_id in ids
+        ]
+        # Every request has read its job once (however loaded the machine), then waits.
+        async with asyncio.timeout(30):
+            while len(reads) < len(ids):
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        assert not any(task.done() for task in waiting)
+        reads.clear()
         async with db.begin() as conn:  # twenty jobs end in one write
             await conn.execute(update(jobs).where(jobs.c.id.in_(ids)).values(state="cancelled"))
         answers = await asyncio.wait_for(asyncio.gather(*waiting), 10)
