@@ -149,7 +149,14 @@ class Engines:
 
 
 # What every pool shares: the pools themselves, the names, where the services are.
-_NOT_PER_POOL = {"pools", "models", "worker_model", "database_url", "events_topic"}
+_NOT_PER_POOL = {
+    "pools",
+    "models",
+    "worker_model",
+    "database_url",
+    "kafka_bootstrap_servers",  # one relay publishes every pool's topic, on one cluster
+    "events_topic",
+}
 
 G = TypeVar("G", bound=SettingsGroup)
 

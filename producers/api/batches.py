@@ -11,6 +11,7 @@ the batch (``producers.batches.lifecycle``), as OpenAI's Batch API does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Callable, Mapping
@@ -149,6 +150,22 @@ async def _file_lines(body: CreateBatch, files: FileStore, tenant: str) -> int:
     return max(1, lines)
 
 
+async def _first_model(files: FileStore, tenant: str, file_id: str) -> str | None:
+    """The model the file's first line names (None: none, or no line that says one)."""
+    lines = files.lines(tenant, file_id)
+    try:
+        async for _, line in lines:
+            with contextlib.suppress(ValueError):
+                found = json.loads(line)
+                body = found.get("body") if isinstance(found, dict) else None
+                model = body.get("model") if isinstance(body, dict) else None
+                return model if isinstance(model, str) else None
+            return None
+    finally:
+        await lines.aclose()
+    return None
+
+
 def _admitting(
     pools: PoolRouter,
     tenant: str,
@@ -158,11 +175,14 @@ def _admitting(
     max_tokens: int | Callable[[], int],
 ) -> Callable[[int, Mapping[str, int]], None]:
     """A batch's admission, once its jobs are counted: the lines of each model (``models``;
-    none counted: all on the first pool) on that model's pool."""
+    one model, or none counted: all of them) on that model's pool (no model: the first)."""
 
     def admit(jobs: int, held: Mapping[str, int]) -> None:
         tokens = max_tokens if isinstance(max_tokens, int) else max_tokens()
-        for model, count in (dict(models()) or {None: jobs}).items():
+        counted = dict(models()) or {None: 0}
+        if len(counted) == 1:  # every job on the one model's pool
+            counted = dict.fromkeys(counted, jobs)
+        for model, count in counted.items():
             pools.of(model).admission.admit_batch(
                 tenant=tenant,
                 jobs=count,
@@ -219,8 +239,10 @@ async def create_batch(
         lines = await _file_lines(body, files, tenant)
 
         # Each line's max_tokens and model are known once it is checked: the least (1)
-        # and the first pool's here.
-        admit_file = _admitting(pools, tenant, new.deadline, now, dict, 1)
+        # here, and the pool of the file's first line's model (OpenAI's batch files hold
+        # one model; a line of another is still split to its own pool when checked).
+        first = await _first_model(files, tenant, body.input_file_id)
+        admit_file = _admitting(pools, tenant, new.deadline, now, lambda: {first: 0}, 1)
         view, created = await store.create_validating(new, lines=lines, admit=admit_file)
         if created:
             lifecycle.wake()

@@ -4,7 +4,7 @@ written in one transaction, read a part at a time. Every query is scoped to the 
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable
 from typing import Any
 
 from sqlalchemy import Row, and_, delete, insert, or_, select, update
@@ -178,7 +178,7 @@ class FileStore:
                     seq = part.seq
                     yield bytes(part.data)
 
-    async def lines(self, tenant: str, file_id: str) -> AsyncIterator[tuple[int, bytes]]:
+    async def lines(self, tenant: str, file_id: str) -> AsyncGenerator[tuple[int, bytes], None]:
         """The file's non-blank lines with their numbers (from 1, blank lines counted),
         without their newline. FileNotFound before the first when there is no file."""
         splitter = LineSplitter()

@@ -433,3 +433,32 @@ async def test_a_batch_left_validating_is_taken_up_by_the_next_api(
     assert (going["status"], going["request_counts"]["total"]) == ("in_progress", 3)
     assert going["endpoint"] == "/v1/chat/completions"
     assert await count(db, jobs) == 3
+
+
+async def test_a_batch_is_admitted_on_its_own_models_pool(
+    settings: Settings, db: AsyncEngine
+) -> None:
+    """alpha's pool never has a fresh lag reading (it goes stale at once), beta's has: a
+    batch of alpha's lines is refused (503), one of beta's accepted, whether its lines
+    come inline or in an uploaded file (admitted on its first line's model)."""
+    pools = {"alpha": {"lag_stale_after_s": 0.001}, "beta": {}}
+    pooled = settings.model_copy(update={"pools": pools, "models": list(pools)})
+
+    def line(i: int, model: str) -> dict[str, Any]:
+        found = chat(f"{model}-{i}")
+        found["body"]["model"] = model
+        return found
+
+    async with serve(pooled, db) as api:
+        for model, status in (("alpha", 503), ("beta", 201)):
+            lines = [line(i, model) for i in range(3)]
+            inline = {"requests": lines, "completion_window": "1h"}
+            file_id = await upload(api, jsonl(lines))
+            uploaded = {
+                "input_file_id": file_id,
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "1h",
+            }
+            for body in (inline, uploaded):
+                r = await api.post("/v1/batches", json=body, headers=TENANT)
+                assert r.status_code == status, (model, r.text)

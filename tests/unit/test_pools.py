@@ -51,6 +51,7 @@ def test_a_pool_may_name_its_own_topic_and_group() -> None:
     [
         ({"pools": {"a": {"lag_hrd": 1}}}, "sets lag_hrd"),
         ({"pools": {"a": {"database_url": "x"}}}, "sets database_url"),
+        ({"pools": {"a": {"kafka_bootstrap_servers": "k:9092"}}}, "sets kafka_bootstrap_servers"),
         ({"pools": {"a": {}}, "worker_model": "b"}, "worker_model 'b' is not one of the pools"),
         ({"pools": {"a": {"lag_hard": "many"}}}, "lag_hard"),
         ({"pools": {"a": {"partitions": 0}}}, "the pool of 'a': partitions"),
