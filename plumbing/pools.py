@@ -74,8 +74,9 @@ class Pools:
         refused before this is asked (404 ``model_not_found``); it gets the first too."""
         return self._by_name.get(model, self._pools[0]) if model else self._pools[0]
 
-    def served(self, model: str) -> Pool | None:
-        return self._by_name.get(model)
+    def topic_of(self, model: str | None) -> str:
+        """The dispatch topic of the pool serving ``model``."""
+        return self.of(model).topic
 
     def for_worker(self) -> Pool:
         """The pool a worker of these settings joins (``worker_model``)."""

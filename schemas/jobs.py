@@ -33,6 +33,13 @@ def estimate_tokens(text: str) -> int:
     return max(1, (utf8_length(text) + 3) // 4)
 
 
+def model_of(params: Mapping[str, Any] | None) -> str | None:
+    """The model a request's parameters name; None: none (the engine's own, the first
+    pool's)."""
+    model = (params or {}).get("model")
+    return model if isinstance(model, str) else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class NewJob:
     """A validated submission, ready to be written with its outbox row."""
@@ -49,6 +56,10 @@ class NewJob:
     abandon_on_disconnect: bool = False
     abandon_after_s: float | None = None
     params: dict[str, Any] | None = None  # model and sampling parameters (schemas/sampling.py)
+
+    @property
+    def model(self) -> str | None:
+        return model_of(self.params)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,8 +94,7 @@ class Job:
     @property
     def model(self) -> str | None:
         """The model its request named; None: none (the engine's own)."""
-        model = (self.params or {}).get("model")
-        return model if isinstance(model, str) else None
+        return model_of(self.params)
 
 
 def job_from_row(row: Mapping[Any, Any]) -> Job:

@@ -60,6 +60,7 @@ from schemas.batches import (
 )
 from schemas.constants import DEFAULT_MODEL
 from schemas.errors import BatchNotFound, InvalidJson, InvalidRequest
+from schemas.jobs import model_of
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
@@ -158,8 +159,7 @@ async def _first_model(files: FileStore, tenant: str, file_id: str) -> str | Non
             with contextlib.suppress(ValueError):
                 found = json.loads(line)
                 body = found.get("body") if isinstance(found, dict) else None
-                model = body.get("model") if isinstance(body, dict) else None
-                return model if isinstance(model, str) else None
+                return model_of(body) if isinstance(body, dict) else None
             return None
     finally:
         await lines.aclose()
@@ -175,14 +175,11 @@ def _admitting(
     max_tokens: int | Callable[[], int],
 ) -> Callable[[int, Mapping[str, int]], None]:
     """A batch's admission, once its jobs are counted: the lines of each model (``models``;
-    one model, or none counted: all of them) on that model's pool (no model: the first)."""
+    none counted: all of them) on that model's pool (no model: the first)."""
 
     def admit(jobs: int, held: Mapping[str, int]) -> None:
         tokens = max_tokens if isinstance(max_tokens, int) else max_tokens()
-        counted = dict(models()) or {None: 0}
-        if len(counted) == 1:  # every job on the one model's pool
-            counted = dict.fromkeys(counted, jobs)
-        for model, count in counted.items():
+        for model, count in (dict(models()) or {None: jobs}).items():
             pools.of(model).admission.admit_batch(
                 tenant=tenant,
                 jobs=count,
@@ -242,7 +239,7 @@ async def create_batch(
         # here, and the pool of the file's first line's model (OpenAI's batch files hold
         # one model; a line of another is still split to its own pool when checked).
         first = await _first_model(files, tenant, body.input_file_id)
-        admit_file = _admitting(pools, tenant, new.deadline, now, lambda: {first: 0}, 1)
+        admit_file = _admitting(pools, tenant, new.deadline, now, lambda: {first: lines}, 1)
         view, created = await store.create_validating(new, lines=lines, admit=admit_file)
         if created:
             lifecycle.wake()

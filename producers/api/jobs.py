@@ -73,7 +73,7 @@ async def admitted(
 ) -> tuple[Job, bool]:
     """The job stored (True) or the one stored first under its idempotency key (False),
     once its model's pool's admission let it in; the admission is told which."""
-    admission = pools.of((new.params or {}).get("model")).admission
+    admission = pools.of(new.model).admission
     await admission.admit(
         tenant=new.tenant,
         priority=new.priority,

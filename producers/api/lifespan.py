@@ -74,11 +74,12 @@ class Lifespan:
 
     @asynccontextmanager
     async def __call__(self, app: FastAPI) -> AsyncIterator[None]:
+        pools = Pools(self.settings)
         async with (
             _engines(self.settings, self.engine) as (db, submit_db),
-            _lag_sources(self.settings, db, self.lag_source) as sources,
+            _lag_sources(pools, db, self.lag_source) as sources,
         ):
-            services = build(self.settings, db, submit_db, sources)
+            services = build(self.settings, db, submit_db, pools, sources)
             services.publish(app.state)
             for pool in services.pools:  # serve with a reading, not with "unknown"
                 await pool.monitor.refresh()
@@ -90,23 +91,21 @@ def build(
     settings: Settings,
     db: AsyncEngine,
     submit_db: AsyncEngine,
+    pools: Pools,
     sources: Sequence[tuple[Pool, LagSource]],
 ) -> Services:
-    pools = Pools(settings)
     repo = JobRepository(
         db,
         dispatch_topic=settings.dispatch_topic,
         events_topic=settings.events_topic,
         autocommit=submit_db,
-        topic_of=lambda model: pools.of(model).topic,
+        topic_of=pools.topic_of,
     )
     limits = TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm)
     router = PoolRouter(
         pools, [pool_services(pool, db, source, limits) for pool, source in sources]
     )
-    batches = BatchStore(
-        db, events_topic=settings.events_topic, topic_of=lambda model: pools.of(model).topic
-    )
+    batches = BatchStore(db, events_topic=settings.events_topic, topic_of=pools.topic_of)
     files = FileStore(db)
     first = router.first
     return Services(
@@ -154,12 +153,12 @@ async def _engines(
 
 @asynccontextmanager
 async def _lag_sources(
-    settings: Settings, db: AsyncEngine, given: LagSource | None
+    pools: Pools, db: AsyncEngine, given: LagSource | None
 ) -> AsyncIterator[list[tuple[Pool, LagSource]]]:
     """Each pool's lag source (``given``: the first pool's)."""
     sources: list[tuple[Pool, LagSource]] = []
     try:
-        for pool in Pools(settings):
+        for pool in pools:
             own = given if given is not None and pool.first else lag_source(pool, db)
             sources.append((pool, own))
         yield sources

@@ -19,7 +19,7 @@ from producers.jobs.repository import cancellable, cancelling, event_row, job_mo
 from producers.jobs.submit_repository import new_job_id
 from schemas.batches import BatchTerminal, BatchView, batch_status, batch_view
 from schemas.errors import BatchNotFound, IdempotencyConflict
-from schemas.jobs import Job, JobKind, Priority, job_from_row
+from schemas.jobs import Job, JobKind, Priority, job_from_row, model_of
 from schemas.states import TERMINAL_STATES
 from schemas.tables import batches, jobs, outbox
 
@@ -294,13 +294,9 @@ def job_params(
         "max_tokens": [r.max_tokens for r in chunk],
         "custom_ids": [r.custom_id for r in chunk],
         "params": [json.dumps(r.params) if r.params else None for r in chunk],
-        "topics": [topic_of(_model(r.params)) for r in chunk],
+        "topics": [topic_of(model_of(r.params)) for r in chunk],
     }
 
-
-def _model(params: dict[str, Any] | None) -> str | None:
-    model = (params or {}).get("model")
-    return model if isinstance(model, str) else None
 
 
 async def held_by_tenant(conn: AsyncConnection) -> dict[str, int]:

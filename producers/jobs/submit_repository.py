@@ -69,11 +69,6 @@ SELECT id, deadline, created_at, updated_at, last_seen_at, attempt FROM new_jobs
 )
 
 
-def _model(new: NewJob) -> str | None:
-    model = (new.params or {}).get("model")
-    return model if isinstance(model, str) else None
-
-
 def _json(value: dict[str, Any] | None) -> str | None:
     return json.dumps(value) if value is not None else None
 
@@ -192,7 +187,7 @@ class SubmitRepository:
             "abandon_after_s": [_float(n.abandon_after_s) for n in group],
             "params": [_json(n.params) for n in group],
             "payloads": [_dispatch(job_id, n) for job_id, n in zip(ids, group, strict=True)],
-            "topics": [self._topic_of(_model(n)) for n in group],
+            "topics": [self._topic_of(n.model) for n in group],
         }
         async with self._autocommit.connect() as conn:
             # One statement is its own transaction: its answer comes after its commit.
