@@ -9,6 +9,7 @@ import contextlib
 import json
 import random
 from collections import Counter, defaultdict
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -39,8 +40,15 @@ async def add_jobs(db: AsyncEngine, settings: Settings, count: int) -> list[str]
 async def relays(settings: Settings, db: AsyncEngine, count: int, batch: int) -> None:
     """``count`` relays at once until the outbox has nothing unpublished."""
     tuned = settings.model_copy(update={"relay_batch_size": batch, "relay_idle_poll_s": 0.05})
+    await until_published(db, lambda stop: [relay_only(tuned, stop) for _ in range(count)])
+
+
+async def until_published(
+    db: AsyncEngine, start: Callable[[asyncio.Event], list[Coroutine[Any, Any, None]]]
+) -> None:
+    """The relays ``start`` makes run until the outbox has nothing unpublished."""
     stop = asyncio.Event()
-    tasks = [asyncio.create_task(relay_only(tuned, stop)) for _ in range(count)]
+    tasks = [asyncio.create_task(relay) for relay in start(stop)]
     try:
         async with asyncio.timeout(60):
             while await unpublished(db):
@@ -238,15 +246,7 @@ async def test_each_pools_jobs_go_to_its_topic_and_are_dispatched_again_there(
     async with db.begin() as conn:
         await conn.execute(insert(jobs), rows)
         await conn.execute(insert(outbox), [dispatch_row(r["dispatch_topic"], r) for r in rows])
-    stop = asyncio.Event()
-    relay = asyncio.create_task(run_relay(pooled, stop))
-    try:
-        async with asyncio.timeout(60):
-            while await unpublished(db):
-                await asyncio.sleep(0.05)
-    finally:
-        stop.set()
-        await relay
+    await until_published(db, lambda stop: [run_relay(pooled, stop)])  # with its reconcilers
     for pool, count in ((alpha, 6), (beta, 3)):
         records = await read_all(settings, pool.topic, count)
         mine = {r["id"] for r in rows if r["dispatch_topic"] == pool.topic}
