@@ -121,10 +121,15 @@ async def assigned(role: Role, times: int = 1, within_s: float = 60) -> set[int]
     async with asyncio.timeout(within_s):
         while len(found := ASSIGNED.findall(role.output())) < times:
             await asyncio.sleep(0.2)
-    return {int(p) for p in re.findall(r"partition=(\d+)", found[times - 1])}
+    return partitions(found[times - 1])
 
 
 def holds(role: Role) -> set[int]:
     """The partitions of the worker's latest assignment, from its log (none before one)."""
     found = ASSIGNED.findall(role.output())
-    return {int(p) for p in re.findall(r"partition=(\d+)", found[-1])} if found else set()
+    return partitions(found[-1]) if found else set()
+
+
+def partitions(assignment: str) -> set[int]:
+    """The partition numbers of one assignment as aiokafka logs it."""
+    return {int(p) for p in re.findall(r"partition=(\d+)", assignment)}
