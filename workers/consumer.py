@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import partial
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
+from confluent_kafka import KafkaException
 from pydantic import ValidationError
 
 from plumbing.aio import wait_first
@@ -23,16 +23,19 @@ from schemas.envelopes import DispatchEnvelope
 from workers.dead_letter_store import record_subject
 from workers.execution import Executor, Progress
 from workers.gate import Drop, PullGate
+from workers.group.kip848 import GroupConsumer, Record
+from workers.group.listener import Rebalance
+from workers.group.offsets import OffsetTracker
 from workers.metrics import DEAD_LETTERED, DROPPED, JOBS_RUNNING, PAUSED_SECONDS
-from workers.offsets import OffsetTracker
 from workers.repository import Claimed
 
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 500
-# While paused, how often capacity is looked at again without a job ending (a remote
-# engine's capacity changes between its scrapes), and the broker polled to stay in the group.
+# While paused, how often capacity is looked at again (a remote engine's changes between
+# its scrapes) and the broker polled to stay in the group.
 RECHECK_S = 0.05
+COMMIT_ERRORS = (KafkaError, KafkaException)
 
 
 @dataclass(frozen=True)
@@ -64,17 +67,16 @@ class Worker:
     until a job ends and frees room. Each partition is committed only up to the lowest
     offset whose job is not yet terminal.
 
-    A revoke normally hands the records of jobs not ended here to the partitions' next owner
-    (it reads them again from the committed offset). When the broker's log was replaced
-    (its cluster id changed: a broker that lost its data), those records are gone and
-    nobody can be handed them, so the jobs running here run to their end; the offsets of
-    the lost log are never committed to the new one.
+    A revoke drains only the revoked partitions' jobs and hands what outlasts the drain to
+    the partitions' next owner (it reads them again from the committed offset). When the
+    broker's log was replaced (a new cluster id), nobody can be handed them: they run to
+    their end here, and the lost log's offsets are never committed to the new one.
     """
 
     def __init__(
         self,
         *,
-        consumer: AIOKafkaConsumer,
+        consumer: AIOKafkaConsumer | GroupConsumer,
         gate: PullGate,
         executor: Executor,
         topic: str,
@@ -111,7 +113,7 @@ class Worker:
             self._cluster = await retrying("worker_cluster_id", read, stop=stop, transient=outage)
         except Stopped:  # stopped while the broker could not be reached
             return
-        self.consumer.subscribe([self._topic], listener=_Rebalance(self))
+        self.consumer.subscribe([self._topic], listener=Rebalance(self))
         try:
             while not stop.is_set():
                 if self.held is None:
@@ -137,7 +139,7 @@ class Worker:
         return None
 
     async def _decode(
-        self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes]
+        self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes] | Record
     ) -> Held | None:
         payload = record.value or b""
         try:
@@ -271,7 +273,7 @@ class Worker:
                 return
             try:
                 await self.consumer.commit({tp: offset for tp, offset in due.items()})
-            except KafkaError as exc:
+            except COMMIT_ERRORS as exc:
                 log.warning("commit failed, will retry with the next one: %r", exc)
                 return
             offsets.committed(due)
@@ -349,10 +351,10 @@ class Worker:
         self._offsets = OffsetTracker()
         return False
 
-    def assigned(self) -> None:
-        """A new assignment starts unpaused (the client forgets pauses on rebalance); the
-        loop pauses again if it must."""
-        self._count_paused()
+    def assigned(self, partitions: set[TopicPartition]) -> None:
+        """Partitions a rebalance assigned start unpaused: paused at once while we wait."""
+        if self._paused_since is not None:
+            self.consumer.pause(*partitions)
 
     def _pause(self) -> None:
         if self._paused_since is None:
@@ -372,14 +374,13 @@ class Worker:
     async def _drain(self) -> None:
         """At stop: every job running here ends, or is aborted, within the drain timeout."""
         deadline = asyncio.get_running_loop().time() + self._drain_timeout_s
-        with contextlib.suppress(KafkaError):
+        with contextlib.suppress(*COMMIT_ERRORS):
             await self.finish_partitions({s.tp for s in self._tasks.values()}, deadline)
         await _end(list(self._tasks), deadline)  # those of a lost log, left running by a revoke
 
 
 async def _end(tasks: list[asyncio.Task[None]], deadline: float) -> None:
-    """Wait for ``tasks`` until ``deadline``, then cancel the rest (their jobs are left
-    for redelivery)."""
+    """Wait for ``tasks`` until ``deadline``, then cancel the rest (left for redelivery)."""
     if not tasks:
         return
     timeout = max(deadline - asyncio.get_running_loop().time(), 0.0)
@@ -387,14 +388,3 @@ async def _end(tasks: list[asyncio.Task[None]], deadline: float) -> None:
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._worker.finish_partitions(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._worker.assigned()

@@ -41,6 +41,16 @@ PAUSED_SECONDS = Counter(
     "Seconds the worker's partitions were paused for lack of room",
     registry=WORKER,
 )
+PARTITIONS = Gauge(constants.M_PARTITIONS, "Partitions this worker holds", registry=WORKER)
+REVOKED = Counter(
+    constants.M_REVOKED, "Partitions revoked from this worker by rebalances", registry=WORKER
+)
+GENERATION = Gauge(
+    constants.M_GENERATION,
+    "The classic group's generation this worker joined (the consumer protocol's epoch is "
+    "the broker's: not shown)",
+    registry=WORKER,
+)
 UNDER_RESERVED = Counter(
     constants.M_UNDER_RESERVED,
     "Jobs that decoded more tokens than were reserved for them",

@@ -24,6 +24,7 @@ from workers.engines.base import InferenceEngine
 from workers.engines.sim.engine import SimEngine
 from workers.execution import Executor
 from workers.gate import PreDecodeGate, PullGate
+from workers.group.kip848 import GroupConsumer, consumer_config
 from workers.kv import ExpectedOutput
 from workers.metrics import watch
 from workers.presence import Presence, worker_id
@@ -124,24 +125,47 @@ def build_presence(
     )
 
 
+def make_group_consumer(
+    bootstrap: str, group_id: str, worker: WorkerSettings
+) -> AIOKafkaConsumer | GroupConsumer:
+    """The worker's member of its group, on ``worker_group_protocol``."""
+    if worker.worker_group_protocol == "consumer":
+        return GroupConsumer(
+            consumer_config(
+                bootstrap,
+                group_id=group_id,
+                fetch_bytes=worker.worker_fetch_bytes,
+                group_instance_id=worker.worker_group_instance_id,
+            )
+        )
+    return make_consumer(
+        bootstrap,
+        group_id=group_id,
+        fetch_bytes=worker.worker_fetch_bytes,
+        group_instance_id=worker.worker_group_instance_id,
+        session_timeout_ms=worker.worker_session_timeout_ms,
+    )
+
+
+async def close_consumer(consumer: AIOKafkaConsumer | GroupConsumer) -> None:
+    if isinstance(consumer, GroupConsumer):
+        await consumer.stop()
+    else:
+        await close_client(consumer)
+
+
 async def start_consumer(
     bootstrap: str, group_id: str, worker: WorkerSettings, stop: asyncio.Event
-) -> AIOKafkaConsumer | None:
+) -> AIOKafkaConsumer | GroupConsumer | None:
     """The worker's consumer, started once the broker answers; None if ``stop`` comes
     first."""
 
-    async def start() -> AIOKafkaConsumer:
-        consumer = make_consumer(
-            bootstrap,
-            group_id=group_id,
-            fetch_bytes=worker.worker_fetch_bytes,
-            group_instance_id=worker.worker_group_instance_id,
-            session_timeout_ms=worker.worker_session_timeout_ms,
-        )
+    async def start() -> AIOKafkaConsumer | GroupConsumer:
+        consumer = make_group_consumer(bootstrap, group_id, worker)
         try:
             await consumer.start()
         except BaseException:
-            await close_client(consumer)
+            await close_consumer(consumer)
             raise
         return consumer
 
@@ -221,7 +245,7 @@ async def run_worker(
         finally:
             control_stop.set()  # after the drain: jobs still decoding can be stopped
             await control_task
-            await close_client(consumer)
+            await close_consumer(consumer)
     finally:
         await inference.close()
         await db.dispose()

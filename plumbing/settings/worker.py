@@ -82,6 +82,15 @@ class WorkerSettings(SettingsGroup):
         description="Bytes a worker's consumer fetches per partition at once (bounds the "
         "client's prefetch of records it has not taken yet).",
     )
+    worker_group_protocol: Literal["classic", "consumer"] = Field(
+        default="classic",
+        description="The worker group's rebalance protocol. `consumer` (KIP-848, through "
+        "confluent-kafka): the broker assigns, and a member joining or leaving revokes only "
+        "the partitions that move while the others go on; its session timeout and "
+        "heartbeat are the broker's `group.consumer.*` settings. `classic`: aiokafka's eager "
+        "protocol, where every move revokes every partition of every member (the only one "
+        "the Tansu broker speaks). docs/scaling.md#rebalances",
+    )
     worker_group_instance_id: str | None = Field(
         default=None,
         description="Static membership of the worker group (KIP-345): a stable id, unique in "

@@ -1,4 +1,4 @@
-from workers.offsets import OffsetTracker
+from workers.group.offsets import OffsetTracker
 
 
 def test_commit_point_waits_for_lowest_running_job() -> None:

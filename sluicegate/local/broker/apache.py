@@ -41,6 +41,13 @@ SHARED_SETTINGS = {
     "min.insync.replicas": "1",
     # A group forms as soon as its first member joins (the default waits 3 s for more).
     "group.initial.rebalance.delay.ms": "0",
+    # Worker groups on the consumer protocol (KIP-848): the broker owns their session and
+    # heartbeat. A member silent 10 s is out (the classic workers' default), and a move
+    # reaches the others within a 1 s heartbeat (the defaults, 45 s and 5 s, are floors).
+    "group.consumer.session.timeout.ms": "10000",
+    "group.consumer.min.session.timeout.ms": "6000",
+    "group.consumer.heartbeat.interval.ms": "1000",
+    "group.consumer.min.heartbeat.interval.ms": "1000",
     # Topics are made by the relay and the webhook dispatcher, never by a client naming one.
     "auto.create.topics.enable": "false",
 }
