@@ -1,9 +1,11 @@
-"""Fleet: 64 simulated GPU workers in one consumer group through a burst and a rebalance storm.
+"""Fleet: 64 simulated GPU workers in one consumer group through a burst and a rebalance
+storm, once for each group configuration (eager, static membership with and without an
+explicit leave, the consumer protocol of KIP-848), with the same arrivals.
 
 What it measures and how, and why it is simulated so: docs/benchmarks.md#fleet. Not part
 of ``python -m benchmarks`` (it runs only with ``--only fleet``).
 
-    python -m benchmarks.scenarios.fleet [--workers 64] [--time-scale 10] [--max-num-seqs 1]
+    python -m benchmarks.fleet [--workers 64] [--configs eager consumer] [--quick]
 """
 
 from __future__ import annotations
@@ -12,16 +14,22 @@ import argparse
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from benchmarks.lib.fleet.configs import CONFIGS
 from benchmarks.lib.fleet.plan import MIX, SEED, Plan, Roofline, plan, roofline
-from benchmarks.lib.fleet.run import raise_max_connections, run_policy
+from benchmarks.lib.fleet.run import raise_max_connections, run_config
 from benchmarks.lib.plots.fleet import plot_fleet
 from benchmarks.lib.reports import OUT_DIR, write_report
-from benchmarks.lib.stack import services
+from benchmarks.lib.stack import broker_kind, services
+from plumbing.settings.worker import WorkerSettings
+from sluicegate.local.broker.dist import KAFKA_VERSION
 
 OUT = OUT_DIR / "fleet.json"
-POLICIES: tuple[Literal["kv", "greedy"], ...] = ("kv", "greedy")
+# The configuration a worker runs with the shipped settings (no instance ids).
+DEFAULT = {"classic": "eager", "consumer": "consumer"}[
+    WorkerSettings.model_fields["worker_group_protocol"].default
+]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -37,12 +45,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     runs: dict[str, dict[str, Any]] = {}
     async with services(raise_max_connections) as (admin, bootstrap):
-        for policy in args.policies:
-            runs[policy] = await run_policy(admin, bootstrap, policy, args, roof, sched)
-            print(f"{policy}: {runs[policy]['summary']}", flush=True)
+        for name in args.configs:
+            runs[name] = await run_config(admin, bootstrap, CONFIGS[name], args, roof, sched)
+            print(f"{name}: {runs[name]['summary']}", flush=True)
     return {
         "config": config(args, roof, sched, fleet_jobs_per_s, service_s),
-        "summary": {policy: r["summary"] for policy, r in runs.items()},
+        "summary": {name: r["summary"] for name, r in runs.items()},
         "runs": runs,
     }
 
@@ -74,11 +82,17 @@ def config(
         "db_pool_per_worker": args.db_pool,
         "seed": args.seed,
         "mix": MIX.__dict__,
-        "policies": list(args.policies),
+        "policy": args.policy,
+        "session_timeout_ms": args.session_ms,
+        "configs": {name: CONFIGS[name].about for name in args.configs},
+        "default": DEFAULT,
+        "broker": f"Apache Kafka {KAFKA_VERSION}" if broker_kind() == "kafka" else "Tansu",
         "workers_as": "asyncio tasks of one process, one consumer, pool and engine each",
-        "anchor": "worker 0 (the group's first member and leader) is never stopped",
-        "kill": "heartbeat cancelled, LeaveGroup and commits disabled, jobs cancelled, task "
-        "cancelled: the group waits for the session timeout",
+        "leader": "the storm's first kill is the group's leader (the consumer protocol has "
+        "none: the member the broker names first)",
+        "kill": "no heartbeat, no leave, no commit, jobs cancelled, task cancelled: the group "
+        "waits for the session timeout (aiokafka: its heartbeat task cancelled and LeaveGroup "
+        "disabled; librdkafka: its handle destroyed without the consumer close)",
     }
 
 
@@ -103,7 +117,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--start-max-s", type=float, default=120.0)
     parser.add_argument("--drain-max-s", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    parser.add_argument("--policy", default="kv", choices=("kv", "greedy"))
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    # The classic members' session: the broker's group.consumer.session.timeout.ms.
+    parser.add_argument("--session-ms", type=int, default=10_000)
     parser.add_argument("--quick", action="store_true", help="4 workers, a short schedule")
     parser.add_argument("--out", type=Path, default=None, help="default docs/bench/fleet.json")
     return parser
@@ -119,11 +136,13 @@ def quick(args: argparse.Namespace) -> None:
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for policy, s in report["summary"].items():
-        out[f"{policy}: goodput jobs/s (storm)"] = (
-            f"{s['goodput_jobs_per_s']} ({s['goodput_storm_jobs_per_s']})"
+    for name, s in report["summary"].items():
+        out[f"{name}: goodput jobs/s storm (x warm-up)"] = (
+            f"{s['goodput_storm_jobs_per_s']} ({s['storm_over_warm']})"
         )
-        out[f"{policy}: deadline misses, duplicates"] = f"{s['deadline_misses']}, {s['duplicates']}"
+        out[f"{name}: settle s median, duplicates, leader kills"] = (
+            f"{s['settle_s_median']}, {s['duplicates']}, {s['leader_kills']}"
+        )
     return out
 
 

@@ -83,7 +83,7 @@ class WorkerSettings(SettingsGroup):
         "client's prefetch of records it has not taken yet).",
     )
     worker_group_protocol: Literal["classic", "consumer"] = Field(
-        default="classic",
+        default="consumer",
         description="The worker group's rebalance protocol. `consumer` (KIP-848, through "
         "confluent-kafka): the broker assigns, and a member joining or leaving revokes only "
         "the partitions that move while the others go on; its session timeout and "

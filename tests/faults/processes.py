@@ -112,12 +112,14 @@ async def jobs_running(probe: httpx.AsyncClient, port: int) -> int | None:
     return int(sum(running))
 
 
-ASSIGNED = re.compile(r"Setting newly assigned partitions (\{.*\}|set\(\)) for group")
+# The worker's rebalance listener logs each assignment and each revoke, on either protocol.
+ASSIGNED = re.compile(r"assigned partitions \[[\d, ]*\]; holding \[([\d, ]*)\]")
+HOLDING = re.compile(r"(?:assigned|revoked) partitions \[[\d, ]*\]; holding \[([\d, ]*)\]")
 
 
 async def assigned(role: Role, times: int = 1, within_s: float = 60) -> set[int]:
-    """The partitions of the worker's ``times``-th assignment, from its log (aiokafka logs
-    each assignment at INFO), once there is one."""
+    """The partitions the worker held after its ``times``-th assignment, from its log,
+    once there is one."""
     async with asyncio.timeout(within_s):
         while len(found := ASSIGNED.findall(role.output())) < times:
             await asyncio.sleep(0.2)
@@ -125,11 +127,11 @@ async def assigned(role: Role, times: int = 1, within_s: float = 60) -> set[int]
 
 
 def holds(role: Role) -> set[int]:
-    """The partitions of the worker's latest assignment, from its log (none before one)."""
-    found = ASSIGNED.findall(role.output())
+    """The partitions the worker holds now, from its log (none before an assignment)."""
+    found = HOLDING.findall(role.output())
     return partitions(found[-1]) if found else set()
 
 
-def partitions(assignment: str) -> set[int]:
-    """The partition numbers of one assignment as aiokafka logs it."""
-    return {int(p) for p in re.findall(r"partition=(\d+)", assignment)}
+def partitions(numbers: str) -> set[int]:
+    """The partition numbers of one listener line's ``holding [...]``."""
+    return {int(p) for p in re.findall(r"\d+", numbers)}

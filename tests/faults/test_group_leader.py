@@ -1,50 +1,73 @@
-"""kill -9 the worker that leads the consumer group (the member that computed the group's
-assignment) while it decodes: the broker evicts it after the session timeout, the group
-re-forms under a new leader, the dead leader's jobs run again elsewhere, and every job ends
-exactly once. (Tansu, the fallback broker, cannot re-form a group without its leader.)"""
+"""kill -9 the worker that leads the consumer group while it decodes: the broker evicts it
+after the session timeout, the group re-forms without it, the dead leader's jobs run again
+elsewhere, and every job ends exactly once. On the classic protocol the leader is the member
+that computed the group's assignment, and a new one is elected; the consumer protocol
+(KIP-848) has none (the broker assigns), and the member the broker names first is killed.
+(Tansu, the fallback broker, cannot re-form a group without its leader.)"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
 from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until
-from tests.faults.processes import assigned, roles
+from tests.faults.processes import Role, assigned, roles
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(300)
 
 DOC = "The leader of a consumer group is only the member that computes the assignment. " * 6
 LEADS = "Elected group leader"
+MEMBER = re.compile(r"joined group \S+ as member (\S+)")
+
+
+def first_member(settings: Settings, members: list[Role]) -> Role:
+    """The worker the broker names first in the group (the consumer protocol's)."""
+    admin = AdminClient({"bootstrap.servers": settings.require_kafka()})
+    group = settings.consumer_group
+    described = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    first = described.members[0].member_id
+    return next(m for m in members if first in MEMBER.findall(m.output()))
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
 async def test_the_group_leader_killed_mid_decode_and_the_group_reforms(
-    settings: Settings, db: AsyncEngine, tmp_path: Path, kafka_is_tansu: bool
+    settings: Settings, db: AsyncEngine, tmp_path: Path, kafka_is_tansu: bool, protocol: str
 ) -> None:
     if kafka_is_tansu:
         pytest.skip("Tansu keeps an evicted leader and the group never forms again")
     with roles(settings, tmp_path) as started:
         started.start("relay")
-        slow = {"sim_time_scale": 3.0, "worker_max_running": 4}
-        leader = started.start("worker", worker_group_instance_id="worker-1", **slow)
-        await assigned(leader)  # alone in the group: it leads it
+        slow = {"sim_time_scale": 3.0, "worker_max_running": 4, "worker_group_protocol": protocol}
+        first = started.start("worker", worker_group_instance_id="worker-1", **slow)
+        await assigned(first)  # alone in the group: it leads it
         others = [
             started.start("worker", worker_group_instance_id=f"worker-{n}", **slow) for n in (2, 3)
         ]
         for other in others:
             await assigned(other)
-        # The joins rebalanced the group (once, or once each), led by the first again.
-        assert leader.output().count(LEADS) >= 2
-        assert not [o for o in others if LEADS in o.output()]
+        if protocol == "classic":
+            # The joins rebalanced the group (once, or once each), led by the first again.
+            assert first.output().count(LEADS) >= 2
+            assert not [o for o in others if LEADS in o.output()]
+            leader = first
+        else:
+            leader = first_member(settings, [first, *others])
+        others = [o for o in (first, *others) if o is not leader]
 
         async with serve(settings, db) as api:
             ids = await submit(api, 24, input=DOC, max_tokens=300, ttl_s=900)
             await until(db, ids, lambda s: running(s) >= 6, 90)
             leader.kill()
             await until(db, ids, all_ended, 180)
-        new_leaders = [o for o in others if LEADS in o.output()]
-        assert len(new_leaders) == 1, "the group must re-form under one new leader"
+        if protocol == "classic":
+            new_leaders = [o for o in others if LEADS in o.output()]
+            assert len(new_leaders) == 1, "the group must re-form under one new leader"
         for other in others:
             assert other.process.poll() is None, other.output()[-2000:]
 

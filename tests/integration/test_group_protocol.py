@@ -6,6 +6,7 @@ once, with one terminal event."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -59,7 +60,7 @@ class Watched:
         """Partitions it held at a sample (from the ``since``-th on) and not at a later one."""
         gone: set[int] = set()
         seen = self.seen[since:]
-        for before, after in zip(seen, seen[1:], strict=False):
+        for before, after in itertools.pairwise(seen):
             gone |= before - after
         return gone
 
@@ -99,8 +100,10 @@ async def test_a_join_revokes_only_what_moves_and_a_stop_hands_over_at_once(
     # Only what c took left a or b: the others were never revoked, and neither a nor b
     # went without partitions (an eager rebalance revokes everything first).
     assert a.lost(since["a"]) | b.lost(since["b"]) == c.holds(), (a.seen, b.seen, c.seen)
-    assert all(a.seen[since["a"] :]) and all(b.seen[since["b"] :])
-    assert a.holds() <= before["a"] and b.holds() <= before["b"]
+    assert all(a.seen[since["a"] :])
+    assert all(b.seen[since["b"] :])
+    assert a.holds() <= before["a"]
+    assert b.holds() <= before["b"]
 
     # b stops: it leaves the group explicitly, and its partitions move well inside the
     # broker's 10 s session timeout.

@@ -226,7 +226,9 @@ class GroupConsumer:
         consumer.close()
 
     def _on_assign(self, consumer: Consumer, partitions: list[Partition]) -> None:
-        self.member_id = consumer.memberid()
+        if self.member_id is None:
+            self.member_id = consumer.memberid()
+            log.info("joined group %s as member %s", self._config["group.id"], self.member_id)
         consumer.incremental_assign(partitions)  # before the listener: it may pause them
         tps = {TopicPartition(p.topic, p.partition) for p in partitions}
         self._assigned = self._assigned | tps

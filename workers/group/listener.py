@@ -33,12 +33,18 @@ class Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         REVOKED.inc(len(revoked))
         await self._member.finish_partitions(set(revoked))
-        PARTITIONS.set(len(self._member.consumer.assignment() - set(revoked)))
+        held = self._member.consumer.assignment() - set(revoked)
+        PARTITIONS.set(len(held))
+        log.info("revoked partitions %s; holding %s", _numbers(revoked), _numbers(held))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self._member.assigned(set(assigned))
         held = self._member.consumer.assignment()
         PARTITIONS.set(len(held))
-        log.info("holding partitions %s", sorted(tp.partition for tp in held))
+        log.info("assigned partitions %s; holding %s", _numbers(assigned), _numbers(held))
         if coordinator := getattr(self._member.consumer, "_coordinator", None):
             GENERATION.set(coordinator.generation)  # classic only
+
+
+def _numbers(partitions: set[TopicPartition]) -> list[int]:
+    return sorted(tp.partition for tp in partitions)

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import statistics
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -77,48 +78,73 @@ def phase_figures(
     return out
 
 
-def rebalances(samples: list[Sample], moves: list[dict[str, Any]]) -> dict[str, Any]:
-    """For each move: seconds until the live members next all hold partitions of one newer
-    generation (from the 1-s samples)."""
+@dataclass(frozen=True, kw_only=True)
+class Served:
+    """The group at one instant (looked at every 0.1 s)."""
+
+    at_s: float
+    partitions: frozenset[int]  # held by a live member
+    holders: frozenset[int]  # live members holding some
+    settled: bool  # every partition held by one live member, every live member holding some
+
+
+def settle_s(
+    move: dict[str, Any], moves: list[dict[str, Any]], track: list[Served]
+) -> float | None:
+    """Seconds from ``move`` until what it disturbed is served again: every partition that
+    was served just before it is held by a live member again (but for those of members
+    that left after it, which count against their own move), and a joined member holds
+    some. None if that never happens in ``track``."""
+    at = move["at_s"]
+    before = [s for s in track if s.at_s <= at]
+    if not before:
+        return None
+    need = set(before[-1].partitions)
+    later = sorted(
+        (m["at_s"], set(m.get("partitions", ())))
+        for m in moves
+        if m["kind"] in ("kill", "drain") and m["at_s"] > at and "skipped" not in m
+    )
+    for state in (s for s in track if s.at_s > at):
+        gone = set().union(*(p for left_at, p in later if left_at <= state.at_s))
+        if not (need - gone) <= state.partitions:
+            continue
+        if move["kind"] == "join" and move["worker"] not in state.holders:
+            continue
+        return round(float(state.at_s - at), 1)
+    return None
+
+
+def rebalances(
+    track: list[Served], moves: list[dict[str, Any]], end_s: float, partitions: int
+) -> dict[str, Any]:
+    """Each move's settle time (``settle_s``) by kind, and the seconds the group did not
+    serve every partition with every live member holding some."""
     settle: dict[str, list[float]] = {"join": [], "drain": [], "kill": []}
     unsettled_moves = 0
     for move in moves:
         if "skipped" in move:
             continue
-        later = [
-            s
-            for s in samples
-            if s.at_s >= move["at_s"]
-            and s.generation > move["generation_before"]
-            and s.generations == 1
-            and s.assigned == s.alive
-        ]
-        if later:
-            settle[move["kind"]].append(round(later[0].at_s - move["at_s"], 1))
-        else:
+        took = settle_s(move, moves, track)
+        if took is None:
             unsettled_moves += 1
-    gens = [s.generation for s in samples]
-    last = max((m["at_s"] for m in moves), default=None)
-    after = [
-        s
-        for s in samples
-        if last is not None and s.at_s >= last and s.generations == 1 and s.assigned == s.alive
-    ]
+        else:
+            settle[move["kind"]].append(took)
+    every = [v for values in settle.values() for v in values]
+    inside = [s for s in track if s.at_s <= end_s]
     return {
-        "settled_after_last_move_s": round(after[0].at_s - last, 1)
-        if after and last is not None
-        else None,
-        "generations_seen": (max(gens) - min(gens)) if gens else 0,
+        "settle_s_median": round(statistics.median(every), 1) if every else None,
         "settle_after_move_s": {
             k: {
-                "median": statistics.median(v) if v else None,
+                "median": round(statistics.median(v), 1) if v else None,
                 "max": max(v, default=None),
                 "count": len(v),
             }
             for k, v in settle.items()
         },
         "moves_never_settled_after": unsettled_moves,
-        "seconds_unsettled": sum(1 for s in samples if s.generations != 1 or s.assigned != s.alive),
+        "seconds_unsettled": round(0.1 * sum(1 for s in inside if not s.settled), 1),
+        "partitions_unserved_max": max((partitions - len(s.partitions) for s in inside), default=0),
     }
 
 
@@ -127,6 +153,7 @@ def summarize(
     rows: list[dict[str, Any]],
     events: list[JobEvent],
     samples: list[Sample],
+    track: list[Served],
     sched: Plan,
     wall0: datetime,
     args: argparse.Namespace,
@@ -175,12 +202,19 @@ def summarize(
         "kills": sum(1 for m in result["moves"] if m["kind"] == "kill" and "skipped" not in m),
         "drains": sum(1 for m in result["moves"] if m["kind"] == "drain" and "skipped" not in m),
         "joins": sum(1 for m in result["moves"] if m["kind"] == "join"),
+        "leader_kills": sum(1 for m in result["moves"] if m.get("leader")),
     }
+    moved = rebalances(track, result["moves"], sched.phases["tail"][1], args.partitions)
+    warm = summary["goodput_warm_jobs_per_s"]
+    summary.update(
+        storm_over_warm=round(summary["goodput_storm_jobs_per_s"] / warm, 3) if warm else None,
+        settle_s_median=moved["settle_s_median"],
+    )
     return {
         **result,
         "summary": summary,
         "phases": phases,
-        "rebalances": rebalances(samples, result["moves"]),
+        "rebalances": moved,
         "goodput_per_s": goodput,
         "samples": [dataclasses.asdict(s) for s in samples],
     }

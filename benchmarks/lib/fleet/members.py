@@ -1,22 +1,29 @@
 """The fleet: simulated GPU workers as tasks of this process, one consumer, database pool
 and engine each (an engine timed while it has work); members join, drain, or are killed as
-close to SIGKILL as a task gets."""
+close to SIGKILL as a task gets, on the group configuration under test."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiokafka.errors import KafkaError
+from aiokafka.protocol.group import LeaveGroupRequest
+
 from benchmarks.lib.engine import Counting
+from benchmarks.lib.fleet.configs import Config, first_member_async
+from benchmarks.lib.fleet.kill import destroy_without_leaving
 from benchmarks.lib.fleet.plan import Move
 from benchmarks.lib.stack import Bench
 from workers.consumer import Worker
 from workers.engines.base import GenerationRequest
 from workers.engines.sim.engine import SimEngine
+from workers.group.kip848 import GroupConsumer
 from workers.service import run_worker
 
 
@@ -51,40 +58,55 @@ class Member:
     index: int
     engine: Timed
     stop: asyncio.Event
+    instance_id: str | None = None
     task: asyncio.Task[None] | None = None
     worker: Worker | None = None
     left: str | None = None  # "drain" or "kill"
 
-    def assigned(self) -> int:
+    def holds(self) -> set[int]:
         if self.worker is None:
-            return 0
-        return len(self.worker.consumer.assignment())
+            return set()
+        return {tp.partition for tp in self.worker.consumer.assignment()}
+
+    def assigned(self) -> int:
+        return len(self.holds())
 
     def generation(self) -> int | None:
-        if self.worker is None:
-            return None
-        coordinator = self.worker.consumer._coordinator
+        """The classic group's generation it joined (None on the consumer protocol)."""
+        coordinator = _coordinator(self.worker)
         return None if coordinator is None else int(coordinator.generation)
+
+    def leads(self) -> bool:
+        """The classic group's leader: the member that computed the last assignment."""
+        coordinator = _coordinator(self.worker)
+        return coordinator is not None and coordinator._group_subscription is not None
 
 
 @dataclass
 class Fleet:
     bench: Bench
     args: argparse.Namespace
+    config: Config
     members: list[Member] = field(default_factory=list)
     draining: list[asyncio.Task[None]] = field(default_factory=list)
+    free_ids: list[str] = field(default_factory=list)  # departed static members' ids
 
     def join(self) -> Member:
         engine = Timed(
             SimEngine(max_num_seqs=self.args.max_num_seqs, time_scale=self.args.time_scale)
         )
-        member = Member(len(self.members), engine, asyncio.Event())
+        index = len(self.members)
+        instance_id = None
+        if self.config.static:
+            instance_id = self.free_ids.pop() if self.free_ids else f"fleet-{index}"
+        member = Member(index, engine, asyncio.Event(), instance_id)
+        settings = self.bench.settings.model_copy(update={"worker_group_instance_id": instance_id})
 
         def seen(worker: Worker) -> None:
             member.worker = worker
 
         member.task = asyncio.create_task(
-            run_worker(self.bench.settings, member.stop, engine=engine, on_worker=seen),
+            run_worker(settings, member.stop, engine=engine, on_worker=seen),
             name=f"worker-{member.index}",
         )
         self.members.append(member)
@@ -94,31 +116,62 @@ class Fleet:
         return [m for m in self.members if m.left is None]
 
     def movable(self) -> list[Member]:
-        """Every live member but the anchor (the group's leader, never stopped)."""
-        return [m for m in self.alive() if m.index != 0 and m.worker is not None]
+        return [m for m in self.alive() if m.worker is not None]
+
+    async def leader(self) -> Member | None:
+        """The classic group's leader; on the consumer protocol, the member the broker
+        names first."""
+        if self.config.protocol == "classic":
+            return next((m for m in self.movable() if m.leads()), None)
+        s = self.bench.settings
+        first = await first_member_async(s.require_kafka(), s.consumer_group)
+        for m in self.movable():
+            assert m.worker is not None
+            if (
+                isinstance(m.worker.consumer, GroupConsumer)
+                and m.worker.consumer.member_id == first
+            ):
+                return m
+        return None
+
+    def _depart(self, member: Member, how: str) -> None:
+        member.left = how
+        if member.instance_id is not None:
+            self.free_ids.append(member.instance_id)
 
     def drain(self, member: Member) -> None:
-        member.left = "drain"
+        self._depart(member, "drain")
+        coordinator = (
+            getattr(member.worker.consumer, "_coordinator", None) if member.worker else None
+        )
+        if self.config.static and self.config.leave and coordinator is not None:
+            # A static member of aiokafka never sends LeaveGroup: this one does, by its id.
+            async def leave() -> None:
+                with contextlib.suppress(KafkaError):
+                    await coordinator._send_req(
+                        LeaveGroupRequest(coordinator.group_id, coordinator.member_id)
+                    )
+                coordinator.reset_generation()
+
+            coordinator._maybe_leave_group = leave
         member.stop.set()
         if member.task is not None:
             self.draining.append(member.task)
 
     def kill(self, member: Member) -> None:
-        """As close to SIGKILL as a task gets: no heartbeat, no commit, no LeaveGroup, its
-        jobs stopped where they are; the group waits for the session to time out."""
-        member.left = "kill"
+        """As close to SIGKILL as a task gets: no heartbeat, no commit, no leave, its jobs
+        stopped where they are; the group waits for the session to time out."""
+        self._depart(member, "kill")
         worker = member.worker
         if worker is not None:
-            coordinator = worker.consumer._coordinator
-            if coordinator is not None:
-                heartbeat = coordinator._heartbeat_task
-                if heartbeat is not None:
-                    heartbeat.cancel()
-
-                async def no_leave() -> None:
-                    coordinator.reset_generation()
-
-                coordinator._maybe_leave_group = no_leave
+            if isinstance(worker.consumer, GroupConsumer):
+                consumer = worker.consumer
+                self.draining.append(
+                    asyncio.ensure_future(consumer.call(destroy_without_leaving, nested=False))
+                )
+                consumer.abandoned()
+            else:
+                self._silence(worker)
 
             async def no_commit() -> None:
                 return None
@@ -130,30 +183,55 @@ class Fleet:
             member.task.cancel()
             self.draining.append(member.task)
 
-    def apply(self, move: Move) -> dict[str, Any]:
+    @staticmethod
+    def _silence(worker: Worker) -> None:
+        """aiokafka's member: its heartbeat stopped, and no LeaveGroup when it closes."""
+        coordinator = _coordinator(worker)
+        if coordinator is None:
+            return
+        if coordinator._heartbeat_task is not None:
+            coordinator._heartbeat_task.cancel()
+
+        async def no_leave() -> None:
+            coordinator.reset_generation()
+
+        coordinator._maybe_leave_group = no_leave
+
+    async def apply(self, move: Move) -> dict[str, Any]:
         if move.kind == "join":
-            member = self.join()
-        else:
-            movable = self.movable()
-            if not movable:
-                return {"kind": move.kind, "skipped": "no movable worker"}
-            member = movable[min(int(move.pick * len(movable)), len(movable) - 1)]
-            running = member.engine.capacity().running
-            (self.kill if move.kind == "kill" else self.drain)(member)
-            return {"kind": move.kind, "worker": member.index, "engine_running": running}
-        return {"kind": "join", "worker": member.index}
+            return {"kind": "join", "worker": self.join().index}
+        movable = self.movable()
+        if not movable:
+            return {"kind": move.kind, "skipped": "no movable worker"}
+        leader = await self.leader() if move.leader else None
+        member = leader or movable[min(int(move.pick * len(movable)), len(movable) - 1)]
+        running, held = member.engine.capacity().running, sorted(member.holds())
+        (self.kill if move.kind == "kill" else self.drain)(member)
+        entry = {
+            "kind": move.kind,
+            "worker": member.index,
+            "engine_running": running,
+            "partitions": held,
+        }
+        if move.leader:
+            entry["leader"] = leader is not None
+        return entry
 
     def settled(self) -> bool:
-        """Every live member holds partitions, all of one generation."""
-        alive = self.alive()
-        generations = {m.generation() for m in alive}
-        return all(m.assigned() for m in alive) and len(generations) == 1
+        """Every partition held by exactly one live member, and every live member holding
+        some: the group is serving all of its log (a killed member's partitions are not
+        served until the broker reassigns them)."""
+        held = [m.holds() for m in self.alive()]
+        if not all(held):
+            return False
+        union = set().union(*held)
+        return sum(len(h) for h in held) == len(union) == int(self.args.partitions)
 
     async def start(self, count: int, within_s: float) -> float:
-        """The anchor first (it forms the group), then the others; seconds until settled."""
+        """The first member (it forms the group), then the others; seconds until settled."""
         t0 = time.monotonic()
-        anchor = self.join()
-        while not anchor.assigned():
+        first = self.join()
+        while not first.assigned():
             await self._wait(t0, within_s)
         for _ in range(count - 1):
             self.join()
@@ -178,3 +256,8 @@ class Fleet:
 
     def engines(self) -> list[Timed]:
         return [m.engine for m in self.members]
+
+
+def _coordinator(worker: Worker | None) -> Any:
+    """aiokafka's group coordinator of a classic member (None on the consumer protocol)."""
+    return getattr(worker.consumer, "_coordinator", None) if worker is not None else None

@@ -80,6 +80,7 @@ class Move:
     at_s: float
     kind: Literal["drain", "kill", "join"]
     pick: float  # which movable worker leaves: its index is pick x their count
+    leader: bool = False  # the group's leader leaves (then pick is not used)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,14 +127,16 @@ def plan(args: argparse.Namespace, fleet_jobs_per_s: float, service_s: float) ->
 
 
 def storm_moves(storm: tuple[float, float], moves: int, seed: int) -> list[Move]:
-    """``moves`` leaves (drained and killed in turn) and as many joins, a leave and a join
-    about every (storm / moves) seconds, jittered."""
+    """``moves`` leaves (killed and drained in turn, the leader killed first) and as many
+    joins, a leave and a join about every (storm / moves) seconds, jittered."""
     rng = random.Random(seed)
     start, end = storm
     step = (end - start) / max(moves, 1)
     out: list[Move] = []
     for i in range(moves):
         at = start + i * step + rng.uniform(0.1, 0.4) * step
-        out.append(Move(at_s=at, kind="kill" if i % 2 == 0 else "drain", pick=rng.random()))
+        kind: Literal["drain", "kill"] = "kill" if i % 2 == 0 else "drain"
+        # The first kill is the group's leader's: the group must re-form without it.
+        out.append(Move(at_s=at, kind=kind, pick=rng.random(), leader=i == 0))
         out.append(Move(at_s=at + rng.uniform(0.3, 0.6) * step, kind="join", pick=0.0))
     return sorted(out, key=lambda m: m.at_s)

@@ -1,6 +1,7 @@
-"""One run of the fleet under one pull policy: admission set from the fleet's capacity, the
-workers started and settled, the arrivals and the storm played, the wait until every job
-is terminal and the group has caught up, then the jobs and their terminal events read."""
+"""One run of the fleet on one group configuration: admission set from the fleet's
+capacity, the workers started and settled, the arrivals and the storm played, the wait
+until every job is terminal and the group has caught up, then the jobs and their terminal
+events read."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from sqlalchemy import select
 
 from benchmarks.lib.callers import REFUSALS, TENANT, call
 from benchmarks.lib.engine import LAG_HARD_S, LAG_SOFT_S
-from benchmarks.lib.fleet.figures import summarize
+from benchmarks.lib.fleet.configs import Config
+from benchmarks.lib.fleet.figures import Served, summarize
 from benchmarks.lib.fleet.members import Fleet
 from benchmarks.lib.fleet.plan import Move, Plan, Roofline
 from benchmarks.lib.fleet.sampler import Sample, sampler
@@ -34,12 +36,14 @@ async def raise_max_connections(pg: EmbeddedPostgres) -> None:
     await alter_system(pg, "max_connections", str(MAX_CONNECTIONS))
 
 
-def overrides(args: argparse.Namespace, policy: str, roof: Roofline) -> dict[str, object]:
+def overrides(args: argparse.Namespace, config: Config, roof: Roofline) -> dict[str, object]:
     fleet_jobs_per_s = args.workers * roof.jobs_per_s / args.time_scale
     p99_s = roof.service_p99_s * args.time_scale
     return {
         "partitions": args.partitions,
-        "pull_policy": policy,
+        "pull_policy": args.policy,
+        "worker_group_protocol": config.protocol,
+        "worker_session_timeout_ms": args.session_ms,
         "sim_time_scale": args.time_scale,
         "sim_max_num_seqs": args.max_num_seqs,
         "worker_db_pool_size": args.db_pool,
@@ -55,25 +59,32 @@ def overrides(args: argparse.Namespace, policy: str, roof: Roofline) -> dict[str
     }
 
 
-async def run_policy(
-    admin: str, bootstrap: str, policy: str, args: argparse.Namespace, roof: Roofline, sched: Plan
+async def run_config(
+    admin: str,
+    bootstrap: str,
+    config: Config,
+    args: argparse.Namespace,
+    roof: Roofline,
+    sched: Plan,
 ) -> dict[str, Any]:
     REFUSALS.clear()
-    settings = overrides(args, policy, roof)
+    settings = overrides(args, config, roof)
     started = time.monotonic()
     async with pipeline(admin, bootstrap, **settings) as bench:
         bench.start_relay()
-        fleet = Fleet(bench, args)
+        fleet = Fleet(bench, args, config)
         settle_s = await fleet.start(args.workers, args.start_max_s)
-        print(f"{policy}: {args.workers} workers settled in {settle_s:.1f}s", flush=True)
+        print(f"{config.name}: {args.workers} workers settled in {settle_s:.1f}s", flush=True)
         accepted: dict[str, Arrival] = {}
         samples: list[Sample] = []
+        served: list[Served] = []
         moves: list[dict[str, Any]] = []
         t0, wall0 = time.monotonic(), datetime.now(UTC)
         calls = [call(bench, a, t0, wall0, accepted) for a in sched.arrivals]
         sampling = asyncio.create_task(
             sampler(fleet, t0, lambda: due(sched, t0), accepted, samples)
         )
+        tracking = asyncio.create_task(track_served(fleet, t0, served))
         storming = asyncio.create_task(storm(fleet, sched.moves, t0, moves))
         await asyncio.gather(*calls)
         await storming
@@ -82,7 +93,8 @@ async def run_policy(
         drained_s = time.monotonic() - t0
         caught = await caught_up(bench, within_s=30.0)
         sampling.cancel()
-        await asyncio.gather(sampling, return_exceptions=True)
+        tracking.cancel()
+        await asyncio.gather(sampling, tracking, return_exceptions=True)
         await asyncio.sleep(1.0)  # aborted attempts write their tokens last
         rows = await job_rows(
             bench,
@@ -102,7 +114,10 @@ async def run_policy(
         stop_s = time.monotonic() - stopping
     rows = [r for r in rows if r["id"] in accepted]
     result = {
-        "policy": policy,
+        "config": config.name,
+        "about": config.about,
+        "protocol": config.protocol,
+        "policy": args.policy,
         "settle_s": round(settle_s, 1),
         "arrivals_end_s": round(end_s, 1),
         "all_terminal": terminal,
@@ -113,7 +128,7 @@ async def run_policy(
         "refusals_by_reason": dict(REFUSALS),
         "moves": moves,
     }
-    return summarize(result, rows, events, samples, sched, wall0, args)
+    return summarize(result, rows, events, samples, served, sched, wall0, args)
 
 
 def due(sched: Plan, t0: float) -> int:
@@ -125,11 +140,24 @@ def due(sched: Plan, t0: float) -> int:
 async def storm(fleet: Fleet, moves: list[Move], t0: float, log: list[dict[str, Any]]) -> None:
     for move in moves:
         await asyncio.sleep(max(0.0, move.at_s - (time.monotonic() - t0)))
-        alive = fleet.alive()
-        generation = max((g for g in (m.generation() for m in alive) if g is not None), default=0)
-        entry = fleet.apply(move)
-        entry.update(at_s=round(time.monotonic() - t0, 2), generation_before=generation)
+        entry = await fleet.apply(move)
+        entry.update(at_s=round(time.monotonic() - t0, 2))
         log.append(entry)
+
+
+async def track_served(fleet: Fleet, t0: float, out: list[Served]) -> None:
+    """Every 0.1 s: the partitions live members hold, and which members hold some."""
+    while True:
+        held = {m.index: m.holds() for m in fleet.alive()}
+        out.append(
+            Served(
+                at_s=round(time.monotonic() - t0, 2),
+                partitions=frozenset().union(*held.values()),
+                holders=frozenset(i for i, h in held.items() if h),
+                settled=fleet.settled(),
+            )
+        )
+        await asyncio.sleep(0.1)
 
 
 async def wait_terminal(bench: Bench, accepted: dict[str, Arrival], within_s: float) -> bool:

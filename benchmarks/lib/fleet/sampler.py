@@ -26,6 +26,8 @@ class Sample:
     assigned: int  # live members holding partitions
     generations: int  # distinct generations among live members
     generation: int  # the highest
+    settled: bool  # every partition held by one live member, every live member holding some
+    served: int  # partitions held by a live member
     lag: int  # the admission's reading (open jobs past the commit points, plus unpublished)
     consumer_lag: int  # Σ end - committed
     lag_known: bool
@@ -73,6 +75,8 @@ async def sampler(
                 assigned=sum(1 for m in alive if m.assigned()),
                 generations=len(generations),
                 generation=max(generations, default=0),
+                settled=fleet.settled(),
+                served=len(set().union(*(m.holds() for m in alive))),
                 lag=snapshot.lag,
                 consumer_lag=int(monitor._state.consumer_lag),
                 lag_known=snapshot.known,

@@ -1,5 +1,5 @@
-"""The fleet benchmark's plot: goodput, lag and workers over time, KV-gated against greedy,
-the phases shaded."""
+"""The fleet benchmark's plot: goodput, lag and the partitions served over time, one line
+per group configuration, the phases shaded."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from typing import Any
 
 from benchmarks.lib.plots import pyplot, save
 
-STYLES = {"kv": ("-", "#1f77b4"), "greedy": ("--", "#d62728")}
+STYLES = {
+    "eager": ("--", "#d62728"),
+    "static": (":", "#ff7f0e"),
+    "static-leave": ("-.", "#9467bd"),
+    "consumer": ("-", "#1f77b4"),
+    "consumer-static": ("-", "#2ca02c"),
+}
 SHADES = {"burst": "#fdd49e", "storm": "#d9d9d9"}
 SMOOTH_S = 5
 
@@ -32,14 +38,7 @@ def plot_fleet(report: dict[str, Any], *, path: Path) -> None:
         good.plot(seconds, jobs, style, color=color, label=policy)
         at = [s["at_s"] for s in run["samples"]]
         lag.plot(at, [s["lag"] for s in run["samples"]], style, color=color, label=policy)
-        alive.plot(at, [s["alive"] for s in run["samples"]], style, color=color, label=policy)
-        alive.plot(
-            at,
-            [s["assigned"] for s in run["samples"]],
-            ":",
-            color=color,
-            label=f"{policy}: holding partitions",
-        )
+        alive.plot(at, [s["served"] for s in run["samples"]], style, color=color, label=policy)
     good.axhline(config["fleet_capacity_jobs_per_s_wall"], color="grey", linewidth=0.8)
     good.set_ylabel(f"jobs succeeded / s ({SMOOTH_S} s mean)")
     good.set_title(
@@ -47,7 +46,7 @@ def plot_fleet(report: dict[str, Any], *, path: Path) -> None:
         f"rebalance storm (grey); capacity line"
     )
     lag.set_ylabel("lag (admission's reading, jobs)")
-    alive.set_ylabel("workers")
+    alive.set_ylabel("partitions served")
     alive.set_xlabel("seconds from the first arrival")
     for axis in (good, lag, alive):
         axis.legend(fontsize=8)

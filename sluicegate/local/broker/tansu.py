@@ -13,10 +13,11 @@ from sluicegate.local.embedded import free_port
 VERSION = "0.6"
 
 # What a client must be told to run on Tansu (SLUICEGATE_* names): no idempotent producer,
-# and an end offset that can trail the last record.
+# an end offset that can trail the last record, and classic groups only (no KIP-848).
 WORKAROUNDS = {
     "KAFKA_IDEMPOTENT_PRODUCER": "false",
     "KAFKA_EXACT_END_OFFSETS": "false",
+    "WORKER_GROUP_PROTOCOL": "classic",
 }
 
 
