@@ -214,8 +214,19 @@ def test_every_scenario_module_lives_in_benchmarks_scenarios() -> None:
 
 
 def test_the_top_of_benchmarks_holds_the_runner_lib_and_scenarios() -> None:
+    """Beside them, only shortcuts (``python -m benchmarks.fleet``): a module named as a
+    scenario that imports that scenario and nothing else of ours."""
     entries = sorted(p.name for p in BENCHMARKS.iterdir() if p.name != "__pycache__")
-    assert entries == sorted(["__init__.py", "__main__.py", "lib", "scenarios"])
+    shortcuts = [e for e in entries if e not in ("__init__.py", "__main__.py", "lib", "scenarios")]
+    assert {"__init__.py", "__main__.py", "lib", "scenarios"} <= set(entries)
+    for name in shortcuts:
+        assert name.removesuffix(".py") in scenario_files(), f"benchmarks/{name} is no scenario"
+        imported = {
+            node.module
+            for node in ast.walk(parse(BENCHMARKS / name))
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert imported == {f"{SCENARIO_PACKAGE}.{name.removesuffix('.py')}"}, imported
 
 
 @pytest.mark.parametrize("name", scenario_files())

@@ -91,6 +91,7 @@ class GroupConsumer:
         self._thread = threading.Thread(target=self._serve, name="kafka-consumer", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: Any = None
+        self._topics: list[str] = []
         self._assigned: frozenset[TopicPartition] = frozenset()
         self._consumer: Consumer | None = None
         self._closed = False
@@ -106,11 +107,8 @@ class GroupConsumer:
 
     def subscribe(self, topics: list[str], listener: Any) -> None:
         self._listener = listener
-        self._post(
-            lambda c: c.subscribe(
-                topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
-            )
-        )
+        self._topics = topics
+        self._post(self._subscribe)
 
     async def getmany(
         self, timeout_ms: int = 0, max_records: int = 1
@@ -215,11 +213,36 @@ class GroupConsumer:
                 error = message.error()
                 if error is None:
                     return message
+                if error.code() == KafkaError._FATAL:
+                    self._renew(consumer, error)
+                    return None
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer: %s", error)
             self._run_nested(consumer)
             if time.monotonic() >= deadline:
                 return None
+
+    def _subscribe(self, consumer: Consumer) -> None:
+        consumer.subscribe(
+            self._topics,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def _renew(self, consumer: Consumer, error: KafkaError) -> None:
+        """After a fatal error (the group gone from the broker, a fenced static member) a
+        librdkafka consumer is done for: what it held is handed back as lost, and a new one
+        joins the group in its place."""
+        log.error("the consumer's error is fatal (%s): a new one joins in its place", error)
+        self._on_lost(consumer, [Partition(tp.topic, tp.partition) for tp in self._assigned])
+        try:
+            consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing the failed consumer: %r", exc)
+        self.member_id = None
+        self._consumer = Consumer(self._config)
+        self._subscribe(self._consumer)
 
     def _close(self, consumer: Consumer) -> None:
         self._closed = True
@@ -240,10 +263,13 @@ class GroupConsumer:
         if tps and self._listener is not None:
             self._wait(consumer, self._listener.on_partitions_revoked(tps))
         self._assigned = self._assigned - tps
-        consumer.incremental_unassign(partitions)
+        try:
+            consumer.incremental_unassign(partitions)
+        except KafkaException as exc:  # a consumer that failed: it is being replaced
+            log.warning("unassigning revoked partitions: %r", exc)
 
     def _on_lost(self, consumer: Consumer, partitions: list[Partition]) -> None:
-        log.warning("lost %d partitions (this member's session expired)", len(partitions))
+        log.warning("lost %d partitions (no longer this member's)", len(partitions))
         self._on_revoke(consumer, partitions)
 
     def _wait(self, consumer: Consumer, coro: Coroutine[Any, Any, None]) -> None:
