@@ -133,7 +133,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     # 64 simulated workers in one group through a burst and a rebalance storm, kv and greedy.
     Scenario(
-        name="fleet", module="benchmarks.scenarios.fleet", argv=(), expected_s=600, in_suite=False
+        name="fleet", module="benchmarks.scenarios.fleet", argv=(), expected_s=1400, in_suite=False
     ),
     # Apache Kafka against Tansu: start, ingress, a short job's latency, the relay, broker CPU.
     Scenario(

@@ -9,7 +9,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+from aiokafka.protocol.admin import ApiVersionRequest
 
 from plumbing.retry import retriable_broker_error, retrying
 
@@ -102,6 +104,18 @@ async def cluster_id(bootstrap: str) -> str | None:
         return await described_cluster_id(admin)
     finally:
         await admin.close()
+
+
+async def broker_api_keys(bootstrap: str) -> set[int]:
+    """The request kinds (API keys) the broker answers, from its ApiVersions."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        await client.bootstrap()
+        node = next(iter(client.cluster.brokers())).nodeId
+        response = await client.send(node, ApiVersionRequest())
+        return {api_key for api_key, _, _ in response.api_versions}
+    finally:
+        await client.close()
 
 
 async def described_cluster_id(admin: AIOKafkaAdminClient) -> str | None:

@@ -24,7 +24,7 @@ from workers.engines.base import InferenceEngine
 from workers.engines.sim.engine import SimEngine
 from workers.execution import Executor
 from workers.gate import PreDecodeGate, PullGate
-from workers.group.kip848 import GroupConsumer, consumer_config
+from workers.group.kip848 import GroupConsumer, consumer_config, require_consumer_protocol
 from workers.kv import ExpectedOutput
 from workers.metrics import watch
 from workers.presence import Presence, worker_id
@@ -161,6 +161,8 @@ async def start_consumer(
     first."""
 
     async def start() -> AIOKafkaConsumer | GroupConsumer:
+        if worker.worker_group_protocol == "consumer":
+            await require_consumer_protocol(bootstrap)
         consumer = make_group_consumer(bootstrap, group_id, worker)
         try:
             await consumer.start()

@@ -148,6 +148,11 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser().parse_args(argv)
+    if broker_kind() != "kafka":
+        raise SystemExit(
+            "the fleet benchmark runs on Apache Kafka: Tansu has no consumer protocol and "
+            "cannot re-form a group without its leader, whom the storm kills"
+        )
     if args.quick:
         quick(args)
     logging.basicConfig(level=logging.ERROR)

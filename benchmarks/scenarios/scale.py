@@ -215,8 +215,8 @@ def show(report: dict[str, Any]) -> None:
         print(f"  PostgreSQL: {d['postgres']}")
         print(f"  Kafka: {d['kafka']}")
     print("\nfleet simulation (the fleet scenario):")
-    for policy, figures in report["fleet"].items():
-        print(f"  {policy}: {figures}")
+    for config, figures in report["fleet"].items():
+        print(f"  {config}: {figures}")
     print(f"  plots: {OUT_DIR / 'fleet.png'}, {OUT_DIR / 'costs.png'}")
 
 

@@ -89,21 +89,23 @@ class WorkerSettings(SettingsGroup):
         "the partitions that move while the others go on; its session timeout and "
         "heartbeat are the broker's `group.consumer.*` settings. `classic`: aiokafka's eager "
         "protocol, where every move revokes every partition of every member (the only one "
-        "the Tansu broker speaks). docs/scaling.md#rebalances",
+        "Tansu and Kafka before 4.0 speak). "
+        "docs/operations.md#rebalances-the-worker-groups-protocol",
     )
     worker_group_instance_id: str | None = Field(
         default=None,
-        description="Static membership of the worker group (KIP-345): a stable id, unique in "
-        "the group. A worker restarted with the same id within `worker_session_timeout_ms` "
-        "gets its partitions back without a rebalance of the group; a stopped one keeps them "
-        "until that timeout passes. Unset: a dynamic member. `sluicegate up` gives its "
-        "workers `worker-1`, `worker-2`, ...",
+        description="Static membership of the worker group (KIP-345, and its KIP-848 form on "
+        "the consumer protocol): a stable id, unique in the group. A worker restarted with the "
+        "same id within the session timeout gets its partitions back and no other partition "
+        "moves; a stopped one keeps them until that timeout passes. Unset: a dynamic member. "
+        "`sluicegate up` gives its workers `worker-1`, `worker-2`, ...",
     )
     worker_session_timeout_ms: int = Field(
         default=10_000,
         ge=1_000,
-        description="The worker group's session timeout: a worker silent this long is taken "
-        "out of the group and its partitions go to the others.",
+        description="The classic worker group's session timeout: a worker silent this long is "
+        "taken out of the group and its partitions go to the others. On the consumer protocol "
+        "the broker's `group.consumer.session.timeout.ms` holds instead.",
     )
     drain_timeout_s: float = Field(
         default=20.0,

@@ -14,6 +14,7 @@ from sluicegate.process import configure_logging, run_until_signal
 from workers.engines.errors import EngineError
 from workers.engines.llamacpp import server as llamacpp_server
 from workers.engines.sim import server as sim_server
+from workers.group.kip848 import ProtocolUnsupported
 from workers.service import build_sim_engine, run_worker
 from workers.webhooks.process import run_webhooks
 
@@ -55,6 +56,8 @@ def _run(settings: Settings, args: argparse.Namespace) -> None:
             run_until_signal(lambda stop: run_worker(settings, stop))
         except EngineError as exc:  # its engine did not start: wrong model, server down
             sys.exit(f"the worker's engine did not start ({exc.code}): {exc}")
+        except ProtocolUnsupported as exc:
+            sys.exit(f"sluicegate worker (group_protocol_unsupported): {exc}")
     elif command == "webhooks":
         run_until_signal(lambda stop: run_webhooks(settings, stop))
     elif command == "migrate":

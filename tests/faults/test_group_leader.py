@@ -7,16 +7,19 @@ that computed the group's assignment, and a new one is elected; the consumer pro
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
+import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
+from sluicegate.local.embedded import free_port
 from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until
-from tests.faults.processes import Role, assigned, roles
+from tests.faults.processes import Role, assigned, jobs_running, roles
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(300)
@@ -24,6 +27,13 @@ pytestmark = pytest.mark.timeout(300)
 DOC = "The leader of a consumer group is only the member that computes the assignment. " * 6
 LEADS = "Elected group leader"
 MEMBER = re.compile(r"joined group \S+ as member (\S+)")
+
+
+async def decoding(port: int, within_s: float) -> None:
+    """Until the worker whose metrics are on ``port`` runs a job."""
+    async with httpx.AsyncClient() as probe, asyncio.timeout(within_s):
+        while not await jobs_running(probe, port):
+            await asyncio.sleep(0.1)
 
 
 def first_member(settings: Settings, members: list[Role]) -> Role:
@@ -44,11 +54,16 @@ async def test_the_group_leader_killed_mid_decode_and_the_group_reforms(
     with roles(settings, tmp_path) as started:
         started.start("relay")
         slow = {"sim_time_scale": 3.0, "worker_max_running": 4, "worker_group_protocol": protocol}
-        first = started.start("worker", worker_group_instance_id="worker-1", **slow)
+        ports = {n: free_port() for n in (1, 2, 3)}
+
+        def worker(n: int) -> Role:
+            return started.start(
+                "worker", worker_group_instance_id=f"worker-{n}", metrics_port=ports[n], **slow
+            )
+
+        first = worker(1)
         await assigned(first)  # alone in the group: it leads it
-        others = [
-            started.start("worker", worker_group_instance_id=f"worker-{n}", **slow) for n in (2, 3)
-        ]
+        others = [worker(n) for n in (2, 3)]
         for other in others:
             await assigned(other)
         if protocol == "classic":
@@ -58,11 +73,14 @@ async def test_the_group_leader_killed_mid_decode_and_the_group_reforms(
             leader = first
         else:
             leader = first_member(settings, [first, *others])
-        others = [o for o in (first, *others) if o is not leader]
+        members = [first, *others]  # worker-1, worker-2, worker-3
+        others = [o for o in members if o is not leader]
 
         async with serve(settings, db) as api:
             ids = await submit(api, 24, input=DOC, max_tokens=300, ttl_s=900)
             await until(db, ids, lambda s: running(s) >= 6, 90)
+            # The leader itself runs jobs when it dies.
+            await decoding(ports[1 + members.index(leader)], within_s=60)
             leader.kill()
             await until(db, ids, all_ended, 180)
         if protocol == "classic":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
@@ -17,6 +18,7 @@ from plumbing.db import make_engine
 from plumbing.settings import Settings
 from producers.service import run_relay
 from schemas.tables import outbox
+from tests.faults.processes import roles
 from tests.integration.pipeline import Pipeline, open_pipeline
 from workers.consumer import Worker
 from workers.service import run_worker
@@ -128,3 +130,18 @@ async def test_a_join_revokes_only_what_moves_and_a_stop_hands_over_at_once(
         await db.dispose()
     assert events == len(ids), "one terminal event per job"
     assert moved_s < 8
+
+
+async def test_a_broker_without_the_protocol_stops_the_worker_with_one_line(
+    tansu_settings: Settings, tmp_path: Path
+) -> None:
+    """Tansu speaks only the classic protocol: librdkafka would wait for an assignment in
+    silence, so the worker asks the broker first and exits saying what to set."""
+    with roles(tansu_settings, tmp_path) as started:
+        worker = started.start("worker", worker_group_protocol="consumer")
+        code = await asyncio.to_thread(worker.process.wait, 60)
+    lines = worker.output().strip().splitlines()
+    assert code == 1
+    assert lines[-1].startswith("sluicegate worker (group_protocol_unsupported): the broker")
+    assert "SLUICEGATE_WORKER_GROUP_PROTOCOL=classic" in lines[-1]
+    assert "Traceback" not in worker.output()

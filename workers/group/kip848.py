@@ -31,6 +31,8 @@ from aiokafka import TopicPartition
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as Partition
 
+from plumbing.kafka import broker_api_keys
+
 log = logging.getLogger(__name__)
 
 # How long one poll blocks before queued calls (commits, pauses) get their turn.
@@ -40,6 +42,24 @@ POLL_SLICE_S = 0.02
 QUEUED_MIN_MESSAGES = 16
 # librdkafka's floor for ``fetch.max.bytes`` (its ``message.max.bytes``).
 MESSAGE_MAX_BYTES = 1_000_000
+
+
+# ConsumerGroupHeartbeat, the consumer protocol's one request (Kafka 4.0 and later).
+CONSUMER_GROUP_HEARTBEAT = 68
+
+
+class ProtocolUnsupported(Exception):
+    """The broker has no consumer group protocol: the worker must run the classic one."""
+
+
+async def require_consumer_protocol(bootstrap: str) -> None:
+    """librdkafka against a broker without KIP-848 waits for an assignment in silence; a
+    worker asks the broker first, and says what to do."""
+    if CONSUMER_GROUP_HEARTBEAT not in await broker_api_keys(bootstrap):
+        raise ProtocolUnsupported(
+            f"the broker at {bootstrap} has no consumer group protocol (KIP-848, Apache Kafka "
+            "4.0 and later): set SLUICEGATE_WORKER_GROUP_PROTOCOL=classic"
+        )
 
 
 class Record(NamedTuple):

@@ -121,15 +121,18 @@ def rebalances(
     """Each move's settle time (``settle_s``) by kind, and the seconds the group did not
     serve every partition with every live member holding some."""
     settle: dict[str, list[float]] = {"join": [], "drain": [], "kill": []}
-    unsettled_moves = 0
+    unsettled_moves = left_unsettled = 0
+    leavers = {m["worker"] for m in moves if m["kind"] != "join" and "skipped" not in m}
     for move in moves:
         if "skipped" in move:
             continue
         took = settle_s(move, moves, track)
-        if took is None:
-            unsettled_moves += 1
-        else:
+        if took is not None:
             settle[move["kind"]].append(took)
+        elif move["kind"] == "join" and move["worker"] in leavers:
+            left_unsettled += 1  # picked to leave before it was given partitions
+        else:
+            unsettled_moves += 1
     every = [v for values in settle.values() for v in values]
     inside = [s for s in track if s.at_s <= end_s]
     return {
@@ -143,6 +146,7 @@ def rebalances(
             for k, v in settle.items()
         },
         "moves_never_settled_after": unsettled_moves,
+        "joins_left_before_settling": left_unsettled,
         "seconds_unsettled": round(0.1 * sum(1 for s in inside if not s.settled), 1),
         "partitions_unserved_max": max((partitions - len(s.partitions) for s in inside), default=0),
     }
