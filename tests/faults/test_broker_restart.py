@@ -32,6 +32,14 @@ JOBS = 24
 WHILE_FROZEN = 6
 
 
+def running(states: dict[str, tuple[str, int]]) -> int:
+    return sum(state == "running" for state, _ in states.values())
+
+
+def dispatched(states: dict[str, tuple[str, int]]) -> int:
+    return sum(state == "dispatched" for state, _ in states.values())
+
+
 async def submit(api: object, count: int) -> list[str]:
     ids = []
     for _ in range(count):
@@ -58,7 +66,9 @@ async def test_the_broker_restarts_empty_while_workers_run(
         worker = started.start("worker", sim_time_scale=3.0, worker_max_running=4)
         async with serve(own, db) as api:
             ids = await submit(api, JOBS)
-            await until(db, ids, lambda s: sum(st == "running" for st, _ in s.values()) >= 2, 90)
+            # The relay marks jobs dispatched as the broker acknowledges them: the worker can
+            # be running two before the rest are, so both are waited for.
+            await until(db, ids, lambda s: running(s) >= 2 and dispatched(s) >= 1, 90)
             waiting = [j for j, (st, _) in (await states(db, ids)).items() if st == "dispatched"]
             assert waiting, "some jobs must be dispatched but not started when the broker dies"
 
