@@ -9,6 +9,7 @@ from sqlalchemy import delete, func
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.db import transaction
 from schemas.tables import workers
 
 
@@ -30,7 +31,7 @@ class PresenceRepository:
         values = asdict(report)
         upsert = insert(workers).values(**values)
         changed = {k: v for k, v in values.items() if k != "id"}
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             await conn.execute(
                 upsert.on_conflict_do_update(
                     index_elements=[workers.c.id], set_={**changed, "seen_at": func.now()}
@@ -38,5 +39,5 @@ class PresenceRepository:
             )
 
     async def leave(self, worker_id: str) -> None:
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             await conn.execute(delete(workers).where(workers.c.id == worker_id))

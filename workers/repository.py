@@ -13,6 +13,7 @@ from sqlalchemy import Select, cast, func, insert, literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from plumbing.db import transaction
 from schemas import reasons
 from schemas.envelopes import JobEvent
 from schemas.jobs import JobKind
@@ -101,7 +102,7 @@ class WorkerRepository:
 
     async def set_aside(self, *, subject: str, reason: str, payload: bytes) -> None:
         """A dispatch record this worker cannot run, dead-lettered with the reason."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             await set_aside(
                 conn,
                 dead_letter_topic=self._dead_letter_topic,
@@ -125,7 +126,7 @@ class WorkerRepository:
         """
         now = datetime.now(UTC)
         out: dict[str, Claimed | Drop | None] = dict.fromkeys(job_ids)
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             rows = (
                 (
                     await conn.execute(
@@ -228,7 +229,7 @@ class WorkerRepository:
         now = datetime.now(UTC)
         ids = list(running)
         error = Drop(state=JobState.ABANDONED, reason=reasons.HEARTBEAT_LAPSED).error("decode")
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             lapsed = (
                 (
                     await conn.execute(
@@ -277,7 +278,7 @@ class WorkerRepository:
         """The tokens an attempt decoded before it was stopped by someone else's write
         (a cancel or a disconnect): marks the stop as made mid-decode."""
         stage = cast(literal({"stage": "decode"}, JSONB), JSONB)
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             await conn.execute(
                 update(jobs)
                 .where(jobs.c.id == job.id, jobs.c.attempt == job.attempt)
@@ -308,7 +309,7 @@ class WorkerRepository:
         if not state.terminal:
             raise ValueError(f"{state} is not terminal")
         now = at or datetime.now(UTC)
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             written = (
                 await conn.execute(
                     update(jobs)

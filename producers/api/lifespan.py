@@ -140,7 +140,6 @@ async def _engines(
         submit_db = make_engine(
             db.url.render_as_string(hide_password=False),
             pool_size=settings.submit_batch_writers,
-            autocommit=True,
         )
         try:
             yield db, submit_db

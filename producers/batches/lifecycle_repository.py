@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, exists, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from plumbing.db import transaction
 from producers.batches.input import CHUNK, FileValidation, RequestChecker
 from producers.batches.repository import (
     INSERT_JOBS,
@@ -64,7 +65,7 @@ class LifecycleStore:
     async def validate_next(self, checker: Checker) -> tuple[str, Status] | None:
         """Check the next ``validating`` batch: ``in_progress`` with its jobs (held for
         the meter), or ``failed`` with its bad lines and no job; None when none waits."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             row = await _take_next(conn, "validating", batches.c.created_at)
             if row is None:
                 return None
@@ -126,7 +127,7 @@ class LifecycleStore:
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             result = await conn.execute(
                 update(batches)
                 .where(batches.c.id.in_(ready.scalar_subquery()))
@@ -138,7 +139,7 @@ class LifecycleStore:
         """Write the next finalizing batch's output and error files (stored files, purpose
         ``batch_output``; none for a part without lines) and end it: completed, expired or
         cancelled. None when none is finalizing."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             row = await _take_next(conn, "finalizing", batches.c.finalizing_at)
             if row is None:
                 return None

@@ -14,6 +14,7 @@ from sqlalchemy import func, insert, literal_column, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
+from plumbing.db import transaction
 from producers.jobs.repository import event_row
 from producers.outbox.repository import dispatch_row, of_pool
 from schemas import reasons
@@ -100,7 +101,7 @@ class MeterStore:
         """Expire up to ``expire_limit`` overdue held jobs (with ``expire``), then release
         as many held jobs as ``budget`` allows for the backlog counted in the same
         transaction."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             locked = await conn.scalar(
                 select(
                     func.pg_try_advisory_xact_lock(LOCK_KEY, func.hashtext(self._dispatch_topic))

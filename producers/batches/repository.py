@@ -14,6 +14,7 @@ from sqlalchemy import and_, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from plumbing.db import transaction
 from plumbing.lock_store import locking_in_order
 from producers.jobs.repository import cancellable, cancelling, event_row, job_model
 from producers.jobs.submit_repository import new_job_id
@@ -96,7 +97,7 @@ class BatchStore:
         """Store the batch and its jobs (held) in one transaction, a chunk of jobs per
         statement, so that no more than a chunk is in memory; ``endpoint`` is read once the
         chunks are. An idempotent replay answers the batch stored first, reading nothing."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             batch_id = await self._insert_batch(conn, new)
             if batch_id is None:
                 return await self._replay(conn, new), False
@@ -119,7 +120,7 @@ class BatchStore:
         """Store a batch of an uploaded file ``validating``, without its jobs: the lifecycle
         checks its lines and makes them (``producers.batches.lifecycle``). ``lines``: the
         file's, as many jobs as it may hold, for admission. A replay answers the first."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             batch_id = await self._insert_batch(conn, new, status="validating", total=lines)
             if batch_id is None:
                 return await self._replay(conn, new), False
@@ -247,7 +248,7 @@ class BatchStore:
         their workers, told by the same NOTIFY as a single cancel); 409 once it is done. A
         batch still ``validating`` is ``cancelled`` at once, its lines never made jobs."""
         now = datetime.now(UTC)
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             row = await _batch(conn, tenant, batch_id, lock=True)
             if row["status"] == "validating":
                 await conn.execute(

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Row, and_, delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from plumbing.db import transaction
 from producers.files.checks import LineSplitter
 from schemas.files import FILE_ID_PREFIX, FileNotFound, FileObject, Order, file_from_row
 from schemas.tables import file_parts, files
@@ -31,7 +32,7 @@ class FileStore:
     ) -> FileObject:
         """Store a file whose content is ``chunks``, in one transaction: when the chunks
         raise (a check failed), nothing is stored."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             made = await self.create_in(conn, new_file_id(), tenant, filename, purpose, chunks)
         assert made is not None
         return made
@@ -147,7 +148,7 @@ class FileStore:
 
     async def delete(self, tenant: str, file_id: str) -> None:
         """Delete the file and its parts (FileNotFound when there is none)."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             gone = await conn.scalar(
                 delete(files)
                 .where(files.c.id == file_id, files.c.tenant == tenant)

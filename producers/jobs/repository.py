@@ -11,6 +11,7 @@ from sqlalchemy import Update, and_, func, insert, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
+from plumbing.db import transaction
 from producers.jobs.submit_repository import SubmitRepository
 from producers.outbox.repository import of_pool
 from schemas import reasons
@@ -102,7 +103,7 @@ class JobRepository(SubmitRepository):
             .cte("touched")
         )
         untouched = select(jobs).where(_owned(tenant, job_id), ~select(touched.c.id).exists())
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             row = (await conn.execute(select(touched).union_all(untouched))).mappings().first()
         if row is None:
             raise JobNotFound(f"no job {job_id}")
@@ -122,7 +123,7 @@ class JobRepository(SubmitRepository):
         """
         now = datetime.now(UTC)
         error = reasons.error(JobState.ABANDONED, reason)
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             row = (
                 (
                     await conn.execute(
@@ -152,7 +153,7 @@ class JobRepository(SubmitRepository):
     async def cancel(self, tenant: str | None, job_id: str) -> Job:
         """Move a non-terminal job to ``cancelled``; a terminal one is a conflict."""
         now = datetime.now(UTC)
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             row = (await conn.execute(cancelling(_owned(tenant, job_id), now))).mappings().first()
             if row is None:
                 current = (

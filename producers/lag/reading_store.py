@@ -34,7 +34,7 @@ def _partitions(found: Mapping[str, Any] | None) -> dict[int, int] | None:
 
 class ReadingStore:
     def __init__(self, url: str, *, topic: str, group: str) -> None:
-        self._db = make_engine(url, pool_size=1, autocommit=True)
+        self._db = make_engine(url, pool_size=1)
         self._topic = topic
         self._group = group
         self._conn: AsyncConnection | None = None

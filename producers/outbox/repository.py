@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import BigInteger, Text
 
+from plumbing.db import transaction
 from plumbing.lock_store import locking_in_order
 from producers.outbox.rule import LogView, Lost, Position
 from schemas.envelopes import DispatchEnvelope
@@ -157,7 +158,7 @@ class OutboxStore:
         this batch (held by another relay, or not yet committed as published) is deferred
         to a later round, so that each key's records reach their partition in row order.
         """
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             found = (
                 await conn.execute(
                     select(outbox.c.id, outbox.c.topic, outbox.c.key, outbox.c.payload)
@@ -296,7 +297,7 @@ class OutboxStore:
         void = partition_ends.c.topic == topic
         if log is not None:
             void = and_(void, partition_ends.c.log.is_distinct_from(log))
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             gone = (
                 (
                     await conn.execute(
@@ -326,7 +327,7 @@ class OutboxStore:
     async def redispatch_unfinished(self) -> int:
         """A dispatch record for every job that has not ended: for a broker known to have
         lost its whole log (the embedded one keeps it in memory)."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             done = await redispatch(conn, self._dispatch_topic, self._pool)
         return len(done)
 
@@ -387,6 +388,6 @@ class OutboxStore:
         gone, in one transaction; returns how many got one."""
         position = tuple_(jobs.c.dispatch_log, jobs.c.dispatch_partition, jobs.c.dispatch_offset)
         which = or_(*(and_(jobs.c.id == job_id, position == at) for job_id, at in lost))
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             ids = await redispatch(conn, self._dispatch_topic, which)
         return len(ids)

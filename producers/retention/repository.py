@@ -12,6 +12,7 @@ from sqlalchemy import Table, delete, exists, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.selectable import ScalarSelect
 
+from plumbing.db import transaction
 from schemas.batches.output import result_file_id
 from schemas.states import TERMINAL_STATES
 from schemas.tables import (
@@ -34,7 +35,7 @@ class RetentionStore:
         self._engine = engine
 
     async def _delete(self, table: Table, picked: ScalarSelect[Any]) -> int:
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             result = await conn.execute(delete(table).where(table.c.id.in_(picked)))
             return int(result.rowcount)
 
@@ -91,7 +92,7 @@ class RetentionStore:
 
     async def batch(self, batch_id: str) -> int:
         """The batch row, once none of its jobs is left."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             left = exists().where(jobs.c.batch_id == batch_id)
             result = await conn.execute(delete(batches).where(batches.c.id == batch_id, ~left))
             if result.rowcount:  # its output and error files go with it
@@ -101,7 +102,7 @@ class RetentionStore:
 
     async def deliveries(self, cutoff: datetime, limit: int) -> int:
         """Deliveries delivered or dead before ``cutoff``, with their attempts."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             ids = (
                 await conn.scalars(
                     select(webhook_deliveries.c.id)

@@ -13,6 +13,7 @@ from datetime import datetime
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.db import transaction
 from producers.tenancy.keys import Caller, hash_key, new_key, valid_tenant, well_formed
 from schemas.tables import api_keys
 
@@ -39,7 +40,7 @@ class KeyStore:
         """A new key for ``tenant`` (an operator's: it sees every tenant); the only time the
         key itself is seen."""
         key, public = new_key()
-        async with self._db.begin() as conn:
+        async with transaction(self._db) as conn:
             await conn.execute(
                 insert(api_keys).values(
                     id=public,
@@ -52,7 +53,7 @@ class KeyStore:
         return key
 
     async def revoke(self, key_id: str) -> bool:
-        async with self._db.begin() as conn:
+        async with transaction(self._db) as conn:
             result = await conn.execute(
                 update(api_keys)
                 .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
@@ -62,7 +63,7 @@ class KeyStore:
 
     async def grant_operator(self, key: str) -> bool:
         """Make an active key an operator's; whether there was one."""
-        async with self._db.begin() as conn:
+        async with transaction(self._db) as conn:
             result = await conn.execute(
                 update(api_keys)
                 .where(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None))

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.db import transaction
 from schemas.tables import dead_letters, webhook_attempts, webhook_deliveries, webhook_secrets
 from schemas.webhooks import (
     DEAD_LETTER_SOURCE,
@@ -149,7 +150,7 @@ class WebhookStore:
         """Send a dead delivery again: pending and due now, the same message (its id and
         body, so a receiver dedupes it), one more attempt (numbered after the last); the
         dispatcher is woken by the NOTIFY of a new delivery. 409 unless it is dead."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             revived = await conn.scalar(
                 update(webhook_deliveries)
                 .where(
@@ -171,7 +172,7 @@ class WebhookStore:
 
     async def create_secret(self, tenant: str) -> NewSecret:
         secret = new_secret()
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             row = (
                 (
                     await conn.execute(
@@ -204,7 +205,7 @@ class WebhookStore:
         """Stop signing with the secret ``in_s`` seconds from now (sooner if it was already
         due to expire sooner)."""
         when = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, in_s)
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             row = (
                 (
                     await conn.execute(

@@ -18,6 +18,7 @@ from sqlalchemy import ColumnElement, and_, extract, func, insert, select, tuple
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from plumbing.db import transaction
 from schemas.tables import (
     dead_letters,
     outbox,
@@ -108,7 +109,7 @@ class AttemptRepository:
         endpoint (``busy``: those in flight here). Deliveries to a disabled endpoint are
         dead-lettered on the way."""
         full = [e for e, n in busy.items() if n >= per_endpoint]
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             rows = (
                 (
                     await conn.execute(
@@ -184,7 +185,7 @@ class AttemptRepository:
         no longer this attempt's (its lease ran out and another attempt took it, or its
         endpoint was disabled meanwhile): the attempt is recorded all the same.
         ``disabled``: the other pending deliveries a 410 dead-lettered with it."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             await conn.execute(
                 insert(webhook_attempts).values(
                     delivery_id=claimed.id,

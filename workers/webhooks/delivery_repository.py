@@ -12,6 +12,7 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from plumbing.db import transaction
 from schemas.batches import Batch, batch_from_row, batch_status
 from schemas.jobs import Job, job_from_row
 from schemas.states import TERMINAL_STATES
@@ -49,7 +50,7 @@ class DeliveryRepository:
         """The deliveries a terminal job calls for: its own (when it has a callback_url)
         and its batch's (when the batch has one and this was its last job to end). Ids of
         the rows made; none when they exist already."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             row = (await conn.execute(select(jobs).where(jobs.c.id == job_id))).mappings().first()
             if row is None or row["state"] not in _TERMINAL:
                 return []
@@ -72,7 +73,7 @@ class DeliveryRepository:
 
     async def poison(self, *, topic: str, partition: int, offset: int, payload: bytes) -> None:
         """An events record that is not a job event: set aside, never retried."""
-        async with self._engine.begin() as conn:
+        async with transaction(self._engine) as conn:
             await set_aside(
                 conn,
                 dead_letter_topic=self._dead_letter_topic,
