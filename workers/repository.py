@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, cast, func, insert, literal, select, text, update
+from sqlalchemy import Select, cast, exists, func, insert, literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -309,40 +309,48 @@ class WorkerRepository:
         if not state.terminal:
             raise ValueError(f"{state} is not terminal")
         now = at or datetime.now(UTC)
-        async with transaction(self._engine) as conn:
-            written = (
-                await conn.execute(
-                    update(jobs)
-                    .where(
-                        jobs.c.id == job.id,
-                        jobs.c.state == JobState.RUNNING.value,
-                        jobs.c.attempt == job.attempt,
-                    )
-                    .values(
-                        state=state.value,
-                        result=result,
-                        error=error,
-                        decoded_tokens=decoded_tokens,
-                        finished_at=now,
-                        updated_at=now,
-                    )
-                )
-            ).rowcount
-            if written != 1:
-                return False
-            await conn.execute(
-                insert(outbox).values(
-                    _event(
-                        self._events_topic,
-                        {"id": job.id, "tenant": job.tenant, "callback_url": job.callback_url},
-                        state,
-                        job.attempt,
-                        now,
-                        error or {},
-                    )
-                )
+        event = _event(
+            self._events_topic,
+            {"id": job.id, "tenant": job.tenant, "callback_url": job.callback_url},
+            state,
+            job.attempt,
+            now,
+            error or {},
+        )
+        # One statement (one round trip, its own transaction): the event is stored only
+        # when the terminal write was made, and with it.
+        written = (
+            update(jobs)
+            .where(
+                jobs.c.id == job.id,
+                jobs.c.state == JobState.RUNNING.value,
+                jobs.c.attempt == job.attempt,
             )
-        return True
+            .values(
+                state=state.value,
+                result=result,
+                error=error,
+                decoded_tokens=decoded_tokens,
+                finished_at=now,
+                updated_at=now,
+            )
+            .returning(jobs.c.id)
+            .cte("written")
+        )
+        announced = (
+            insert(outbox)
+            .from_select(
+                ["topic", "key", "payload"],
+                select(
+                    literal(event["topic"]), literal(event["key"]), literal(event["payload"])
+                ).where(exists(select(written.c.id))),
+            )
+            .returning(outbox.c.id)
+            .cte("announced")
+        )
+        async with self._engine.connect() as conn:
+            found = await conn.scalar(select(func.count()).select_from(written).add_cte(announced))
+        return found == 1
 
 
 def _candidate(row: Mapping[Any, Any], prompt_tokens: int) -> Candidate:

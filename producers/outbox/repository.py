@@ -11,13 +11,12 @@ from typing import Any
 
 from sqlalchemy import (
     Integer,
-    all_,
     and_,
-    any_,
     bindparam,
     case,
     column,
     delete,
+    exists,
     func,
     insert,
     or_,
@@ -28,7 +27,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import CTE
 from sqlalchemy.types import BigInteger, Text
 
 from plumbing.db import transaction
@@ -130,6 +131,36 @@ async def redispatch(conn: AsyncConnection, topic: str, which: ColumnElement[boo
     return [str(r.id) for r in rows]
 
 
+def _unpublished(limit: int) -> Select[Any]:
+    """Up to ``limit`` unpublished rows in id order, locked (``SKIP LOCKED``: several relays
+    take different rows), each with ``blocked``: an earlier unpublished row of its topic and
+    key is not among them (another relay holds it, or it is not yet committed as
+    published), so it must wait for a later round. One statement."""
+    taken = (
+        select(outbox.c.id, outbox.c.topic, outbox.c.key, outbox.c.payload)
+        .where(outbox.c.published_at.is_(None))
+        .order_by(outbox.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("taken")
+    )
+    earlier = outbox.alias("earlier")
+    blocked = (
+        exists()
+        .where(
+            earlier.c.published_at.is_(None),
+            earlier.c.topic == taken.c.topic,
+            earlier.c.key == taken.c.key,
+            earlier.c.id < taken.c.id,
+            earlier.c.id.not_in(select(taken.c.id)),
+        )
+        .label("blocked")
+    )
+    return select(taken.c.id, taken.c.topic, taken.c.key, taken.c.payload, blocked).order_by(
+        taken.c.id
+    )
+
+
 class OutboxStore:
     """The outbox relay's and the reconciler's queries. Rows stay locked while they are being
     published."""
@@ -159,48 +190,25 @@ class OutboxStore:
         to a later round, so that each key's records reach their partition in row order.
         """
         async with transaction(self._engine) as conn:
-            found = (
-                await conn.execute(
-                    select(outbox.c.id, outbox.c.topic, outbox.c.key, outbox.c.payload)
-                    .where(outbox.c.published_at.is_(None))
-                    .order_by(outbox.c.id)
-                    .limit(limit)
-                    .with_for_update(skip_locked=True)
-                )
-            ).all()
+            found = (await conn.execute(_unpublished(limit))).all()
             if not found:
                 return Round()
-            taken = [OutboxRow(id=r.id, topic=r.topic, key=r.key, payload=r.payload) for r in found]
-            rows = await self._in_key_order(conn, taken)
+            rows = [
+                OutboxRow(id=r.id, topic=r.topic, key=r.key, payload=r.payload)
+                for r in found
+                if not r.blocked
+            ]
             if not rows:
-                return Round(deferred=len(taken))
+                return Round(deferred=len(found))
             acked = await publish(rows)
             now = datetime.now(UTC)
-            await self._record_ends(conn, acked, now)
-            await conn.execute(
-                update(outbox).where(outbox.c.id.in_([r.id for r in rows])).values(published_at=now)
-            )
+            marked = update(outbox).where(outbox.c.id.in_([r.id for r in rows]))
+            ends = self._ends(acked, now)
+            if ends is not None:  # one statement: the ends raised, the rows marked
+                marked = marked.add_cte(ends)
+            await conn.execute(marked.values(published_at=now))
             await self._record_positions(conn, rows, acked, now)
-        return Round(published=len(rows), deferred=len(taken) - len(rows))
-
-    async def _in_key_order(self, conn: AsyncConnection, rows: list[OutboxRow]) -> list[OutboxRow]:
-        """``rows`` less those that an earlier unpublished row of their topic and key, not
-        among ``rows``, must precede."""
-        first_other = (
-            select(outbox.c.topic, outbox.c.key, func.min(outbox.c.id).label("first"))
-            .where(
-                outbox.c.published_at.is_(None),
-                outbox.c.key == any_(bindparam("keys", type_=ARRAY(Text()))),
-                outbox.c.id != all_(bindparam("ids", type_=ARRAY(BigInteger()))),
-            )
-            .group_by(outbox.c.topic, outbox.c.key)
-        )
-        result = await conn.execute(
-            first_other,
-            {"keys": sorted({r.key for r in rows}), "ids": [r.id for r in rows]},
-        )
-        before = {(r.topic, r.key): r.first for r in result}
-        return [r for r in rows if r.id < before.get((r.topic, r.key), r.id + 1)]
+        return Round(published=len(rows), deferred=len(found) - len(rows))
 
     async def _record_positions(
         self, conn: AsyncConnection, rows: list[OutboxRow], acked: list[Acked], now: datetime
@@ -251,7 +259,10 @@ class OutboxStore:
             },
         )
 
-    async def _record_ends(self, conn: AsyncConnection, acked: list[Acked], now: datetime) -> None:
+    def _ends(self, acked: list[Acked], now: datetime) -> CTE | None:
+        """The upsert that raises each dispatch partition's recorded end to its highest
+        acknowledged offset + 1, as a CTE of the round's marking statement (None: no
+        dispatch record in the round)."""
         ends: dict[tuple[str, int], int] = {}
         logs: dict[tuple[str, int], str | None] = {}
         for a in acked:
@@ -260,7 +271,7 @@ class OutboxStore:
                 ends[key] = max(ends.get(key, 0), a.offset + 1)
                 logs[key] = a.log
         if not ends:
-            return
+            return None
         # In partition order: relays recording ends at once lock these rows in one order.
         statement = pg_insert(partition_ends).values(
             [
@@ -269,25 +280,21 @@ class OutboxStore:
             ]
         )
         same_log = partition_ends.c.log.is_not_distinct_from(statement.excluded.log)
-        await conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=["topic", "partition"],
-                set_={
-                    # An end from another log (the broker lost its data) is replaced.
-                    "end_offset": case(
-                        (
-                            same_log,
-                            func.greatest(
-                                partition_ends.c.end_offset, statement.excluded.end_offset
-                            ),
-                        ),
-                        else_=statement.excluded.end_offset,
+        return statement.on_conflict_do_update(
+            index_elements=["topic", "partition"],
+            set_={
+                # An end from another log (the broker lost its data) is replaced.
+                "end_offset": case(
+                    (
+                        same_log,
+                        func.greatest(partition_ends.c.end_offset, statement.excluded.end_offset),
                     ),
-                    "log": statement.excluded.log,
-                    "updated_at": now,
-                },
-            )
-        )
+                    else_=statement.excluded.end_offset,
+                ),
+                "log": statement.excluded.log,
+                "updated_at": now,
+            },
+        ).cte("ends")
 
     async def reset_ends(self, log: str | None = None, ends: dict[int, int] | None = None) -> int:
         """Void the recorded ends that are not of ``log`` (all of them without ``log``) and

@@ -58,6 +58,7 @@ async def test_the_openai_client_sees_validating_in_progress_finalizing_complete
         await asyncio.to_thread(until, client, batch_id, "in_progress", seen)
 
         async with db.connect() as holder:
+            await holder.execution_options(isolation_level="READ COMMITTED")  # a real one
             held = await holder.begin()
             output = {
                 "id": result_file_id(batch_id, "output"),

@@ -119,6 +119,7 @@ async def test_a_claim_and_a_multi_row_statement_never_deadlock(
     batch_id, a, m, b = await laid_out(db, settings)
     worker = WorkerRepository(db, events_topic=settings.events_topic)
     async with db.connect() as holder:
+        await holder.execution_options(isolation_level="READ COMMITTED")  # a real one
         await holder.begin()
         await holder.execute(select(jobs.c.id).where(jobs.c.id == m).with_for_update())
         claim = asyncio.create_task(worker.claim_batch([a, m, b], lambda _: None, len))
