@@ -4,9 +4,11 @@ Three ways, none of them a query per token:
 - a NOTIFY on the jobs channel: a cancel or a disconnect wrote the job's terminal state
   (a trigger sends one for every terminal write), heard within milliseconds;
 - the job's deadline: a timer per running job;
-- a sweep every ``control_sweep_s`` over the jobs running here, in one transaction: it
-  abandons the jobs whose heartbeat lease lapsed, and catches any notice that was missed
-  while the LISTEN connection was down (it also sweeps at once on every reconnect).
+- a sweep over the jobs running here, in one statement: it abandons the jobs whose
+  heartbeat lease lapsed, and catches a change no notice tells (a newer attempt took a job
+  over) or a notice missed while the LISTEN connection was down (it sweeps at once on every
+  reconnect). Every ``control_sweep_s`` while a job running here has a heartbeat lease;
+  otherwise every ``SLOW_SWEEPS`` times that, as nothing but a takeover can be missed.
 The engine is told to abort as soon as the stop is known; the executor then writes the end.
 """
 
@@ -30,6 +32,8 @@ from workers.metrics import ABORT_SECONDS
 from workers.repository import Claimed, WorkerRepository
 
 log = logging.getLogger(__name__)
+
+SLOW_SWEEPS = 10  # with no heartbeat lease among the running jobs: a sweep every 10 intervals
 
 
 @dataclass(eq=False)
@@ -63,6 +67,7 @@ class Control:
         self._sweep_s = sweep_s
         self._running: dict[str, Running] = {}
         self._sweep_now = asyncio.Event()
+        self._slow = 0  # intervals since the last slow sweep
         self._aborts: set[asyncio.Task[None]] = set()
 
     def track(self, job: Claimed, request_id: str) -> Running:
@@ -137,8 +142,16 @@ class Control:
     async def _sweep_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await wait_first(stop, self._sweep_now, limit_s=self._sweep_s)
-            self._sweep_now.clear()
-            await self.sweep()
+            if self._sweep_now.is_set() or self._leased() or self._due():
+                self._sweep_now.clear()
+                await self.sweep()
+
+    def _leased(self) -> bool:
+        return any(r.job.abandon_after_s is not None for r in self._running.values())
+
+    def _due(self) -> bool:
+        self._slow = (self._slow + 1) % SLOW_SWEEPS
+        return self._slow == 0
 
     async def sweep(self) -> None:
         running = {job_id: r.job.attempt for job_id, r in self._running.items() if not r.reason}

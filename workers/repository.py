@@ -39,6 +39,7 @@ class Claimed:
     created_at: datetime
     attempt: int
     callback_url: str | None
+    abandon_after_s: float | None = None  # the caller's heartbeat lease
     prompt_tokens: int = 0
     sampling: SamplingParams | None = None  # the request's model and sampling parameters
 
@@ -317,8 +318,6 @@ class WorkerRepository:
             now,
             error or {},
         )
-        # One statement (one round trip, its own transaction): the event is stored only
-        # when the terminal write was made, and with it.
         written = (
             update(jobs)
             .where(
@@ -337,19 +336,14 @@ class WorkerRepository:
             .returning(jobs.c.id)
             .cte("written")
         )
-        announced = (
-            insert(outbox)
-            .from_select(
-                ["topic", "key", "payload"],
-                select(
-                    literal(event["topic"]), literal(event["key"]), literal(event["payload"])
-                ).where(exists(select(written.c.id))),
-            )
-            .returning(outbox.c.id)
-            .cte("announced")
+        columns = ["topic", "key", "payload"]
+        announced = insert(outbox).from_select(
+            columns, select(*(literal(event[c]) for c in columns)).where(exists(written.select()))
         )
         async with self._engine.connect() as conn:
-            found = await conn.scalar(select(func.count()).select_from(written).add_cte(announced))
+            found = await conn.scalar(
+                select(func.count()).select_from(written).add_cte(announced.cte("announced"))
+            )
         return found == 1
 
 
@@ -379,6 +373,7 @@ def _claimed(row: Mapping[Any, Any], prompt_tokens: int, attempt: int) -> Claime
         created_at=row["created_at"],
         attempt=attempt,
         callback_url=row["callback_url"],
+        abandon_after_s=row["abandon_after_s"],
         prompt_tokens=prompt_tokens,
         sampling=SamplingParams.from_stored(row["params"]),
     )

@@ -147,7 +147,9 @@ class WorkerSettings(SettingsGroup):
     control_sweep_s: float = Field(
         default=0.5,
         gt=0,
-        description="How often a worker re-reads the states of the jobs it runs: catches a "
-        "notice missed while its LISTEN connection was down, and heartbeat leases that "
-        "lapsed.",
+        description="How often a worker re-reads the states of the jobs it runs while one of "
+        "them has a heartbeat lease (`abandon_after_s`): abandons the jobs whose lease lapsed. "
+        "Without a lease among them it re-reads every 10 intervals, which catches a job "
+        "taken over by a newer attempt; it also re-reads at once whenever its LISTEN "
+        "connection (re)connects, which catches notices missed while it was down.",
     )
