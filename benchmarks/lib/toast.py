@@ -109,8 +109,8 @@ async def server(admin_url: str | None, bin_dir: Path | None) -> AsyncIterator[s
         return
     data_dir = Path(tempfile.mkdtemp(prefix="sluicegate-bench-toast-"))
     pg = EmbeddedPostgres(data_dir, bin_dir=bin_dir)
-    await asyncio.to_thread(pg.start)
     try:
+        await asyncio.to_thread(pg.start)  # stopped below if it started and then failed
         yield pg.admin_url
     finally:
         await asyncio.to_thread(pg.stop)
