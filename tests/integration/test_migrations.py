@@ -1,5 +1,6 @@
 """Upgrade an empty database to head, compare with the table metadata, down and up again."""
 
+import asyncio
 import uuid
 from datetime import UTC, datetime
 
@@ -110,3 +111,63 @@ async def test_jobs_stored_before_pools_are_the_first_pools_after_the_upgrade(
         assert topics == [constants.DISPATCH_TOPIC]
     finally:
         await engine.dispose()
+
+
+BIG_COLUMNS = {
+    ("jobs", "input"),
+    ("jobs", "result"),
+    ("jobs", "error"),
+    ("file_parts", "data"),
+    ("batches", "errors"),
+    ("webhook_deliveries", "body"),
+    ("dead_letters", "payload"),
+}
+COMPRESSION = (
+    "SELECT c.relname, a.attname, a.attcompression::text AS attcompression FROM pg_attribute a "
+    "JOIN pg_class c ON c.oid = a.attrelid WHERE c.relnamespace = 'public'::regnamespace "
+    "AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped"
+)
+
+
+async def _compression(conn: asyncpg.Connection) -> dict[tuple[str, str], str]:
+    return {
+        (r["relname"], r["attname"]): r["attcompression"] for r in await conn.fetch(COMPRESSION)
+    }
+
+
+async def test_big_columns_are_lz4_where_the_server_has_it_and_default_after_downgrade(
+    empty_database: str,
+) -> None:
+    """0019z sets lz4 on the columns that hold kilobytes where the server was built with
+    lz4, and applies (leaving pglz) where it was not; a value stored after it is compressed
+    with the method its column names. The downgrade sets the default back."""
+    await migrate.upgrade_async(empty_database)
+    conn = await asyncpg.connect(libpq_url(empty_database))
+    try:
+        lz4 = await conn.fetchval(
+            "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+        )
+        methods = await _compression(conn)
+        want = "l" if lz4 else ""
+        assert {c: methods[c] for c in BIG_COLUMNS} == dict.fromkeys(BIG_COLUMNS, want)
+        assert {m for c, m in methods.items() if c not in BIG_COLUMNS} == {""}
+        text = " ".join(
+            f"sentence {i} of a long prompt about the quarterly report" for i in range(400)
+        )
+        await conn.execute(
+            "INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline) "
+            "VALUES (gen_random_uuid(), 't', 'complete', 'queued', 'normal', $1, 10, "
+            "now() + interval '1 hour')",
+            text,
+        )
+        stored = await conn.fetchval("SELECT pg_column_compression(input) FROM jobs")
+        assert stored == ("lz4" if lz4 else "pglz")
+    finally:
+        await conn.close()
+
+    await asyncio.to_thread(migrate.downgrade, empty_database, "0018")
+    conn = await asyncpg.connect(libpq_url(empty_database))
+    try:
+        assert set((await _compression(conn)).values()) == {""}
+    finally:
+        await conn.close()

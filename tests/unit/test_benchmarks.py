@@ -34,6 +34,7 @@ ONLY_WHEN_NAMED = [
     *("soak", "files", "retention", "costs", "relay_rate", "fleet", "brokers", "scale"),
     "overview",
     "isolation",
+    "toast",
 ]
 # Scenarios the runner does not run, each with its reason (run as python -m
 # benchmarks.scenarios.NAME); they have the runner's shape all the same.
