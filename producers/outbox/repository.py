@@ -10,54 +10,27 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
-    Integer,
     and_,
-    bindparam,
-    case,
-    column,
     delete,
     exists,
-    func,
     insert,
     or_,
     select,
     tuple_,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, UUID
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.sql.selectable import CTE
-from sqlalchemy.types import BigInteger, Text
 
 from plumbing.db import transaction
 from plumbing.lock_store import locking_in_order
+from plumbing.mark_store import Acked, Mark, OutboxRow, mark
 from producers.outbox.rule import LogView, Lost, Position
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import estimate_tokens
 from schemas.states import JobState
 from schemas.tables import jobs, outbox, partition_ends
-
-
-@dataclass(frozen=True, kw_only=True)
-class OutboxRow:
-    id: int
-    topic: str
-    key: str
-    payload: bytes
-
-
-@dataclass(frozen=True, kw_only=True)
-class Acked:
-    """Where the broker put one published record; ``log`` is the broker cluster's id."""
-
-    topic: str
-    partition: int
-    offset: int
-    log: str | None = None
-
 
 Publish = Callable[[list[OutboxRow]], Awaitable[list[Acked]]]
 
@@ -201,100 +174,9 @@ class OutboxStore:
             if not rows:
                 return Round(deferred=len(found))
             acked = await publish(rows)
-            now = datetime.now(UTC)
-            marked = update(outbox).where(outbox.c.id.in_([r.id for r in rows]))
-            ends = self._ends(acked, now)
-            if ends is not None:  # one statement: the ends raised, the rows marked
-                marked = marked.add_cte(ends)
-            await conn.execute(marked.values(published_at=now))
-            await self._record_positions(conn, rows, acked, now)
+            marks = [Mark(row=r, acked=a) for r, a in zip(rows, acked, strict=True)]
+            await mark(conn, marks, self._topics)
         return Round(published=len(rows), deferred=len(found) - len(rows))
-
-    async def _record_positions(
-        self, conn: AsyncConnection, rows: list[OutboxRow], acked: list[Acked], now: datetime
-    ) -> None:
-        """A dispatched job is ``dispatched`` (unless it went further meanwhile) and its
-        position is its newest record's."""
-        positions = {
-            row.key: a for row, a in zip(rows, acked, strict=True) if a.topic in self._topics
-        }
-        if not positions:
-            return
-        # Arrays, not a VALUES list: the statement is the same whatever the batch size, so
-        # SQLAlchemy compiles it once.
-        published = (
-            func.unnest(
-                bindparam("ids", type_=ARRAY(UUID(as_uuid=False))),
-                bindparam("partitions", type_=ARRAY(Integer())),
-                bindparam("offsets", type_=ARRAY(BigInteger())),
-                bindparam("topics", type_=ARRAY(Text())),
-            )
-            .table_valued(
-                column("id", UUID(as_uuid=False)),
-                column("partition", Integer()),
-                column("offset", BigInteger()),
-                column("topic", Text()),
-            )
-            .render_derived(name="published")
-        )
-        queued = jobs.c.state == JobState.QUEUED.value
-        await conn.execute(locking_in_order(jobs, jobs.c.id.in_(list(positions))))
-        await conn.execute(
-            update(jobs)
-            .where(jobs.c.id == published.c.id)
-            .values(
-                state=case((queued, JobState.DISPATCHED.value), else_=jobs.c.state),
-                dispatched_at=func.coalesce(jobs.c.dispatched_at, now),
-                updated_at=case((queued, now), else_=jobs.c.updated_at),
-                dispatch_topic=published.c.topic,
-                dispatch_log=next(iter(positions.values())).log,
-                dispatch_partition=published.c.partition,
-                dispatch_offset=published.c.offset,
-            ),
-            {
-                "ids": list(positions),
-                "partitions": [a.partition for a in positions.values()],
-                "offsets": [a.offset for a in positions.values()],
-                "topics": [a.topic for a in positions.values()],
-            },
-        )
-
-    def _ends(self, acked: list[Acked], now: datetime) -> CTE | None:
-        """The upsert that raises each dispatch partition's recorded end to its highest
-        acknowledged offset + 1, as a CTE of the round's marking statement (None: no
-        dispatch record in the round)."""
-        ends: dict[tuple[str, int], int] = {}
-        logs: dict[tuple[str, int], str | None] = {}
-        for a in acked:
-            if a.topic in self._topics:
-                key = (a.topic, a.partition)
-                ends[key] = max(ends.get(key, 0), a.offset + 1)
-                logs[key] = a.log
-        if not ends:
-            return None
-        # In partition order: relays recording ends at once lock these rows in one order.
-        statement = pg_insert(partition_ends).values(
-            [
-                {"topic": t, "partition": p, "end_offset": e, "log": logs[t, p], "updated_at": now}
-                for (t, p), e in sorted(ends.items())
-            ]
-        )
-        same_log = partition_ends.c.log.is_not_distinct_from(statement.excluded.log)
-        return statement.on_conflict_do_update(
-            index_elements=["topic", "partition"],
-            set_={
-                # An end from another log (the broker lost its data) is replaced.
-                "end_offset": case(
-                    (
-                        same_log,
-                        func.greatest(partition_ends.c.end_offset, statement.excluded.end_offset),
-                    ),
-                    else_=statement.excluded.end_offset,
-                ),
-                "log": statement.excluded.log,
-                "updated_at": now,
-            },
-        ).cte("ends")
 
     async def reset_ends(self, log: str | None = None, ends: dict[int, int] | None = None) -> int:
         """Void the recorded ends that are not of ``log`` (all of them without ``log``) and
