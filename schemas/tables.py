@@ -135,6 +135,8 @@ outbox = Table(
     Column("payload", LargeBinary, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("published_at", DateTime(timezone=True), nullable=True),
+    # A row its writer publishes at once: the relay's only after this (None: at once).
+    Column("publish_after", DateTime(timezone=True), nullable=True),
     Index("ix_outbox_unpublished", "id", postgresql_where=text("published_at IS NULL")),
     # A relay defers a row while an earlier row of its key is unpublished elsewhere.
     Index("ix_outbox_unpublished_key", "key", postgresql_where=text("published_at IS NULL")),

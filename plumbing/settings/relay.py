@@ -30,6 +30,28 @@ class RelaySettings(SettingsGroup):
         gt=0,
         description="Longest the relay waits for the broker to acknowledge a round's records.",
     )
+    publish_at_once: bool = Field(
+        default=True,
+        description="The API publishes each job's dispatch record, and a worker each job "
+        "event, as soon as its row is committed, and marks the row published in its next "
+        "statement: no relay round per job. A row not published and marked within "
+        "`publish_at_once_grace_s` (the broker was down, the process died) is the relay's. "
+        "Off: the relay publishes every row.",
+    )
+    publish_at_once_grace_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long the relay leaves a row its writer publishes at once. A writer "
+        "that publishes it and dies before it marks it makes the relay publish it again after "
+        "this (a repeated record: a redelivery to a worker).",
+    )
+    publish_mark_linger_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="Longest a row published at once waits for its writer's next statement "
+        "to mark it; then the writer marks what waits in a statement of its own. Well under "
+        "`publish_at_once_grace_s`.",
+    )
     reconcile_interval_s: float = Field(
         default=15.0,
         gt=0,

@@ -105,13 +105,17 @@ async def redispatch(conn: AsyncConnection, topic: str, which: ColumnElement[boo
 
 
 def _unpublished(limit: int) -> Select[Any]:
-    """Up to ``limit`` unpublished rows in id order, locked (``SKIP LOCKED``: several relays
+    """Up to ``limit`` unpublished rows in id order (those published at once by their
+    writer only after their ``publish_after``), locked (``SKIP LOCKED``: several relays
     take different rows), each with ``blocked``: an earlier unpublished row of its topic and
     key is not among them (another relay holds it, or it is not yet committed as
     published), so it must wait for a later round. One statement."""
     taken = (
         select(outbox.c.id, outbox.c.topic, outbox.c.key, outbox.c.payload)
-        .where(outbox.c.published_at.is_(None))
+        .where(
+            outbox.c.published_at.is_(None),
+            or_(outbox.c.publish_after.is_(None), outbox.c.publish_after <= func.now()),
+        )
         .order_by(outbox.c.id)
         .limit(limit)
         .with_for_update(skip_locked=True)

@@ -22,9 +22,10 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.kafka import cluster_id, make_producer
+from plumbing.mark_store import Acked, OutboxRow
 from plumbing.settings import Settings
 from producers.batches.repository import BatchStore
-from producers.outbox.repository import Acked, OutboxRow, OutboxStore, dispatch_row
+from producers.outbox.repository import OutboxStore, dispatch_row
 from schemas.tables import jobs, outbox
 from tests.integration.rows import batch_of
 from workers.repository import WorkerRepository

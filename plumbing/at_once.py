@@ -1,0 +1,132 @@
+"""Outbox rows published at once by the writer that committed them (the API its jobs'
+dispatch records, a worker its job events), and marked in that writer's next statement.
+
+The relay publishes a row in a round of its own: a lock, a send, a mark and a commit, per
+job at a low rate. Here the writer hands the rows it just committed to ``offer``; a task
+sends them, and their marks (``plumbing.mark_store``) wait in ``take`` for the writer's
+next statement, which gives them back with ``restore`` if it fails. Marks that waited
+``linger_s`` are written by ``flush``, in a statement of their own.
+
+Such a row is stored with ``publish_after`` ``grace_s`` ahead: until then the relay leaves
+it alone. A row not sent (the broker down, too many waiting, the process stopping) or not
+marked by then is the relay's, which publishes it again if it was sent: a repeated record,
+which a worker takes as a redelivery and the webhook dispatcher as the same event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiokafka.errors import KafkaError
+from prometheus_client import Counter
+from sqlalchemy.exc import SQLAlchemyError
+
+from plumbing.aio import wait_first
+from plumbing.mark_store import Mark, OutboxRow
+from plumbing.publisher import Publisher, Target
+
+log = logging.getLogger(__name__)
+
+Flush = Callable[[list[Mark]], Awaitable[None]]
+
+AT_ONCE = Counter(
+    "sluicegate_outbox_at_once_total",
+    "Outbox rows their writer (the API, a worker) published at once (outcome=published), or "
+    "left to the relay (outcome=left_to_relay: the broker down, too many waiting, stopping)",
+    ["outcome"],
+    registry=None,
+)
+DOWN_S = 5.0  # after a failed send, rows are left to the relay this long
+WAITING = 10_000  # most rows waiting to be sent
+
+
+class AtOnce:
+    def __init__(self, target: Target, *, flush: Flush, linger_s: float, grace_s: float) -> None:
+        self._publisher = Publisher(target)
+        self._flush = flush
+        self._linger_s = linger_s
+        self.grace_s = grace_s  # what the writer stores as the row's publish_after, ahead
+        self._pending: list[OutboxRow] = []
+        self._marks: list[Mark] = []
+        self._since: float | None = None  # when the oldest waiting mark was made
+        self._wake = asyncio.Event()
+        self._running = False
+        self._down_until = 0.0
+
+    def offer(self, rows: list[OutboxRow]) -> None:
+        """Send ``rows`` (committed) soon; or leave them to the relay."""
+        if not rows:
+            return
+        if (
+            not self._running
+            or time.monotonic() < self._down_until
+            or len(self._pending) + len(rows) > WAITING
+        ):
+            AT_ONCE.labels(outcome="left_to_relay").inc(len(rows))
+            return
+        self._pending.extend(rows)
+        self._wake.set()
+
+    def take(self) -> list[Mark]:
+        """The marks waiting for a statement; the caller's statement writes them."""
+        marks, self._marks, self._since = self._marks, [], None
+        return marks
+
+    def restore(self, marks: list[Mark]) -> None:
+        """``marks`` taken by a statement that failed: they wait again."""
+        if marks:
+            self._marks[:0] = marks
+            self._since = self._since or time.monotonic()
+            self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Send what is offered and write the marks that waited, until ``stop``; then write
+        the marks left (what was not sent is the relay's)."""
+        self._running = True
+        try:
+            while not stop.is_set():
+                await wait_first(stop, self._wake, limit_s=self._wait_s())
+                self._wake.clear()
+                if self._pending:
+                    await self._send()
+                if self._since is not None and time.monotonic() - self._since >= self._linger_s:
+                    await self._write()
+        finally:
+            self._running = False
+            if self._pending:
+                AT_ONCE.labels(outcome="left_to_relay").inc(len(self._pending))
+                self._pending = []
+            await self._write()
+            await self._publisher.disconnect()
+
+    def _wait_s(self) -> float | None:
+        if self._since is None:
+            return None
+        return max(self._linger_s - (time.monotonic() - self._since), 0.0)
+
+    async def _send(self) -> None:
+        rows, self._pending = self._pending, []
+        try:
+            acked = await self._publisher.publish(rows)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            AT_ONCE.labels(outcome="left_to_relay").inc(len(rows))
+            log.warning("publishing %d rows at once failed; the relay will: %r", len(rows), exc)
+            self._down_until = time.monotonic() + DOWN_S
+            await self._publisher.disconnect()
+            return
+        AT_ONCE.labels(outcome="published").inc(len(rows))
+        self._marks.extend(Mark(row=r, acked=a) for r, a in zip(rows, acked, strict=True))
+        self._since = self._since or time.monotonic()
+
+    async def _write(self) -> None:
+        marks = self.take()
+        if not marks:
+            return
+        try:
+            await self._flush(marks)
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("marking %d rows published failed; retrying: %r", len(marks), exc)
+            self.restore(marks)

@@ -1,0 +1,103 @@
+"""Publishing outbox rows to the broker, with the log they went to: the relay's rounds and
+the rows the API and workers publish at once (``plumbing.at_once``) go out through one.
+
+Records are published with the log they went to: the broker cluster's id, read when the
+producer connected and read again once a batch with dispatch records is acknowledged. A
+producer reconnects by itself to a broker that came back empty (the embedded one keeps its
+log in memory) with a new id; recorded against the old log, every record it then published
+would look gone to the reconciler, which would send it again pass after pass. A batch whose
+id changed fails, and a new producer publishes it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from plumbing.kafka import close_client, described_cluster_id, ensure_topics, make_producer
+from plumbing.mark_store import Acked, OutboxRow
+
+
+class LogReplaced(KafkaError):  # type: ignore[misc]
+    """The broker's cluster id changed since the producer connected: the log it knew is
+    gone, and where a batch's records went is not known for sure."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """Where and how to publish: the topics (created first, with their partitions), which
+    of them carry dispatch records, and the producer's settings."""
+
+    bootstrap: str
+    topics: dict[str, int]
+    dispatch_topics: frozenset[str]
+    replication_factor: int = 1
+    idempotent: bool = True
+    send_timeout_s: float = 15.0
+
+
+class Publisher:
+    def __init__(self, target: Target) -> None:
+        self._target = target
+        self._producer: AIOKafkaProducer | None = None
+        self._admin: AIOKafkaAdminClient | None = None  # reads the cluster id
+        self._log: str | None = None  # the broker cluster's id: which log the records go to
+
+    async def connect(self) -> AIOKafkaProducer:
+        """Topics first, then a producer: a producer that sends to a missing topic makes the
+        broker auto-create it (aiokafka always allows that), with the broker's defaults."""
+        if self._producer is None:
+            t = self._target
+            await ensure_topics(t.bootstrap, t.topics, replication_factor=t.replication_factor)
+            admin = AIOKafkaAdminClient(bootstrap_servers=t.bootstrap, request_timeout_ms=10_000)
+            self._admin = admin
+            await admin.start()
+            self._log = await described_cluster_id(admin)
+            producer = make_producer(t.bootstrap, idempotent=t.idempotent)
+            try:
+                await producer.start()
+            except BaseException:
+                await close_client(producer)
+                raise
+            self._producer = producer
+        return self._producer
+
+    async def disconnect(self) -> None:
+        """Drop the producer and whatever it still holds: after an outage, nothing may be
+        sent before the topics are known to exist again."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await close_client(producer)
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(KafkaError, OSError):
+                await admin.close()
+
+    async def publish(self, rows: list[OutboxRow]) -> list[Acked]:
+        """Send ``rows`` in order and wait for every acknowledgement (``send_timeout_s``)."""
+        producer = await self.connect()
+        async with asyncio.timeout(self._target.send_timeout_s):
+            futures = [
+                await producer.send(row.topic, row.payload, key=row.key.encode()) for row in rows
+            ]
+            metadata = await asyncio.gather(*futures)
+            if any(row.topic in self._target.dispatch_topics for row in rows):
+                await self._same_log()  # their positions are recorded with the log
+        return [
+            Acked(topic=m.topic, partition=m.partition, offset=m.offset, log=self._log)
+            for m in metadata
+        ]
+
+    async def _same_log(self) -> None:
+        """Raise LogReplaced unless the broker still has the cluster id read at connect
+        (a broker of a new id acknowledged the batch, or may have)."""
+        if self._admin is None:
+            raise LogReplaced("not connected")
+        found = await described_cluster_id(self._admin)
+        if found != self._log:
+            raise LogReplaced(f"the broker's log was replaced ({self._log} -> {found})")
