@@ -187,8 +187,8 @@ async def in_rounds(
     ``name``), counted as a retry of ``operation``, and tried again at the next round.
 
     With ``activity``, a round whose result is ``quiet`` (it found nothing to do) is
-    followed by a wait of up to ``QUIET_S`` instead, ended at once by ``wake`` or by
-    anything the activity's listener hears (only while it listens)."""
+    followed by a wait of up to ``QUIET_S`` instead, ended at once by ``wake``, or by
+    anything the activity's listener hears (only while it listens) and then an interval."""
     while not stop.is_set():
         wake.clear()
         heard = activity.changed() if activity is not None else None
@@ -201,5 +201,10 @@ async def in_rounds(
         await wait_first(stop, limit_s=min_gap_s)
         if idle and heard is not None and activity is not None and activity.listening:
             await wait_first(stop, wake, heard, limit_s=QUIET_S)
+            if heard.is_set() and not wake.is_set():
+                # Back to the cadence: the round comes within an interval of what was heard,
+                # as it would have, not in step with the writes heard (a count begun just
+                # after one would often see the next one's commit twice).
+                await wait_first(stop, wake, limit_s=interval_s)
         else:
             await wait_first(stop, wake, limit_s=interval_s)
