@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import asyncpg
@@ -53,11 +53,14 @@ class Listener:
         *,
         on_notice: Callable[[str], None],
         on_connect: Callable[[], None] | None = None,
+        also: Mapping[str, Callable[[str], None]] | None = None,
     ) -> None:
+        """``also``: further channels on the same connection, each with its handler."""
         self._url = libpq_url(url)
         self._channel = channel
         self._on_notice = on_notice
         self._on_connect = on_connect
+        self._also = dict(also or {})
         self.connected = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -75,6 +78,8 @@ class Listener:
             try:
                 conn.add_termination_listener(lambda _, lost=lost: lost.set())
                 await conn.add_listener(self._channel, self._notified)
+                for channel, handler in self._also.items():
+                    await conn.add_listener(channel, _handler(handler))
                 self.connected.set()
                 if self._on_connect is not None:
                     self._on_connect()
@@ -88,6 +93,13 @@ class Listener:
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         self._on_notice(str(payload))
+
+
+def _handler(on_notice: Callable[[str], None]) -> Callable[[object, int, str, object], None]:
+    def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        on_notice(str(payload))
+
+    return notified
 
 
 def _unreachable(exc: BaseException) -> str | None:

@@ -41,6 +41,7 @@ from tenacity import (
     stop_never,
 )
 
+from plumbing.activity import QUIET_S, Activity
 from plumbing.aio import wait_first
 from plumbing.metrics import RETRIES
 
@@ -170,7 +171,7 @@ async def retrying(
 
 async def in_rounds(
     operation: str,
-    step: Callable[[], Awaitable[object]],
+    step: Callable[[], Awaitable[T]],
     stop: asyncio.Event,
     wake: asyncio.Event,
     *,
@@ -178,16 +179,32 @@ async def in_rounds(
     min_gap_s: float,
     logger: logging.Logger,
     name: str,
+    quiet: Callable[[T], bool] | None = None,
+    activity: Activity | None = None,
 ) -> None:
     """Run ``step`` at each ``wake`` and every ``interval_s``, rounds at least ``min_gap_s``
     apart, until ``stop``. A round failed by the database or the network is logged (as
-    ``name``), counted as a retry of ``operation``, and tried again at the next round."""
+    ``name``), counted as a retry of ``operation``, and tried again at the next round.
+
+    With ``activity``, a round whose result is ``quiet`` (it found nothing to do) is
+    followed by a wait of up to ``QUIET_S`` instead, ended at once by ``wake``, or by
+    anything the activity's listener hears (only while it listens) and then an interval."""
     while not stop.is_set():
         wake.clear()
+        heard = activity.changed() if activity is not None else None
+        idle = False
         try:
-            await step()
+            idle = quiet is not None and quiet(await step())
         except (DBAPIError, OSError) as exc:
             count(operation, exc)
             logger.warning("%s: round failed, retrying: %r", name, exc)
         await wait_first(stop, limit_s=min_gap_s)
-        await wait_first(stop, wake, limit_s=interval_s)
+        if idle and heard is not None and activity is not None and activity.listening:
+            await wait_first(stop, wake, heard, limit_s=QUIET_S)
+            if heard.is_set() and not wake.is_set():
+                # Back to the cadence: the round comes within an interval of what was heard,
+                # as it would have, not in step with the writes heard (a count begun just
+                # after one would often see the next one's commit twice).
+                await wait_first(stop, wake, limit_s=interval_s)
+        else:
+            await wait_first(stop, wake, limit_s=interval_s)

@@ -169,6 +169,7 @@ lag_readings = Table(
     Column("committed", JSONB, nullable=False),
     Column("open", JSONB, nullable=True),
     Column("unpublished", BigInteger, nullable=False),
+    prefixes=["UNLOGGED"],  # no WAL: rewritten while a reader lives (migration 0019)
 )
 
 # API keys: a key is shown once when it is made; only its SHA-256 is stored.

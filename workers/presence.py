@@ -1,7 +1,10 @@
-"""The worker's presence: every ``worker_report_s`` it writes what it serves and holds
-(model, engine, capacity, running jobs, KV usage) to its row in ``workers``, which the
-API's overview reads; at a clean stop it deletes the row. A failed write is logged and
-tried again at the next interval: the report is for people, never on the jobs' path."""
+"""The worker's presence: every ``worker_report_s`` it looks at what it serves and holds
+(model, engine, capacity, running jobs, KV usage) and writes it to its row in ``workers``,
+which the API's overview reads, when it changed or when the row was last written
+``REFRESH_INTERVALS`` intervals ago (a row not written for ``STALE_INTERVALS`` is shown as
+stale: an idle worker's row stays fresh at half the writes); at a clean stop it deletes
+the row. A failed write is logged and tried again at the next interval: the report is for
+people, never on the jobs' path."""
 
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from workers.gate import PullGate
 from workers.presence_repository import PresenceRepository, WorkerReport
 
 log = logging.getLogger(__name__)
+
+REFRESH_INTERVALS = 2  # an unchanged report is written again after this many intervals
 
 
 def worker_id(static_id: str | None) -> str:
@@ -61,13 +66,25 @@ class Presence:
             kv_usage=cap.usage if cap.total_blocks > 0 else None,
         )
 
+    async def _write(self, report: WorkerReport) -> bool:
+        try:
+            await self._repo.report(report)
+        except (OSError, DBAPIError, SQLAlchemyError) as exc:
+            log.warning("worker %s: cannot write its presence: %s", self._id, exc)
+            return False
+        return True
+
     async def run(self, stop: asyncio.Event) -> None:
+        last: WorkerReport | None = None
+        unchanged = 0  # intervals since the row was last written
         try:
             while not stop.is_set():
-                try:
-                    await self._repo.report(self.report())
-                except (OSError, DBAPIError, SQLAlchemyError) as exc:
-                    log.warning("worker %s: cannot write its presence: %s", self._id, exc)
+                report = self.report()
+                unchanged += 1
+                if report != last or unchanged >= REFRESH_INTERVALS:
+                    # A failed write is tried again at the next interval.
+                    last = report if await self._write(report) else None
+                    unchanged = 0
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self._interval_s)
         finally:

@@ -1,5 +1,5 @@
-"""A worker's row in ``workers``: written every ``worker_report_s``, deleted at a clean
-stop (``workers.presence``)."""
+"""A worker's row in ``workers``: written when its report changes and at least every other
+``worker_report_s``, deleted at a clean stop (``workers.presence``); each one statement."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from sqlalchemy import delete, func
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from plumbing.db import transaction
 from schemas.tables import workers
 
 
@@ -31,7 +30,7 @@ class PresenceRepository:
         values = asdict(report)
         upsert = insert(workers).values(**values)
         changed = {k: v for k, v in values.items() if k != "id"}
-        async with transaction(self._engine) as conn:
+        async with self._engine.connect() as conn:  # one statement: no transaction
             await conn.execute(
                 upsert.on_conflict_do_update(
                     index_elements=[workers.c.id], set_={**changed, "seen_at": func.now()}
@@ -39,5 +38,5 @@ class PresenceRepository:
             )
 
     async def leave(self, worker_id: str) -> None:
-        async with transaction(self._engine) as conn:
+        async with self._engine.connect() as conn:
             await conn.execute(delete(workers).where(workers.c.id == worker_id))

@@ -20,10 +20,11 @@ class RelaySettings(SettingsGroup):
         default=500, ge=1, description="Most outbox rows the relay publishes in one round."
     )
     relay_idle_poll_s: float = Field(
-        default=1.0,
+        default=10.0,
         gt=0,
         description="With the outbox drained, how long the relay waits for a notice of new "
-        "rows before it looks again anyway.",
+        "rows before it looks again anyway (a new row's NOTIFY wakes it at once; the look "
+        "is for a notice lost with its LISTEN connection).",
     )
     relay_send_timeout_s: float = Field(
         default=15.0,

@@ -1,4 +1,9 @@
-"""Little's law on one panel: λ·W beside the measured number of jobs in flight."""
+"""Little's law on one panel: λ·W beside the measured number of jobs in flight.
+
+Read every ``FLOW_INTERVAL_S``; with an ``Activity``, once no job is in flight the next read
+waits until the process hears something (a job written or ended), or ``QUIET_S``: with none
+in flight, only a new job changes the counts (the recent ones' figures age meanwhile, and are
+read again at least every ``QUIET_S``)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from collections.abc import Callable
 
 from sqlalchemy.exc import DBAPIError
 
+from plumbing.activity import QUIET_S, Activity
 from plumbing.aio import wait_first
 from producers.jobs.repository import Flow, JobRepository
 from producers.lag.monitor import LagMonitor
@@ -24,6 +30,7 @@ async def report_flow(
     stop: asyncio.Event,
     on_flow: Callable[[Flow], None] | None = None,
     pool: tuple[str, bool] | None = None,
+    activity: Activity | None = None,
 ) -> None:
     """Every FLOW_INTERVAL_S: in-flight jobs and W as metrics, and the reading to
     ``on_flow`` (the admission controller's queue and service estimates); of one pool's
@@ -31,6 +38,8 @@ async def report_flow(
     with its monitor's model."""
     model = monitor.model
     while not stop.is_set():
+        heard = activity.changed() if activity is not None else None
+        flow: Flow | None = None
         try:
             flow = await (repo.flow(*pool) if pool is not None else repo.flow())
         except (DBAPIError, OSError) as exc:
@@ -45,3 +54,6 @@ async def report_flow(
                     (monitor.snapshot().arrival_rate or 0.0) * flow.mean_latency_s
                 )
         await wait_first(stop, limit_s=FLOW_INTERVAL_S)
+        quiet = flow is not None and flow.in_flight == 0
+        if quiet and heard is not None and activity is not None and activity.listening:
+            await wait_first(stop, heard, limit_s=max(QUIET_S - FLOW_INTERVAL_S, 0.0))

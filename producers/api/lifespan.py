@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.datastructures import State
 
+from plumbing.activity import Activity
 from plumbing.db import make_engine
 from plumbing.notify import Listener
 from plumbing.pools import Pool, Pools
@@ -75,15 +76,16 @@ class Lifespan:
     @asynccontextmanager
     async def __call__(self, app: FastAPI) -> AsyncIterator[None]:
         pools = Pools(self.settings)
+        activity = Activity()  # what the jobs listener hears (quiet loops wait on it)
         async with (
             _engines(self.settings, self.engine) as (db, submit_db),
-            _lag_sources(pools, db, self.lag_source) as sources,
+            _lag_sources(pools, db, self.lag_source, activity) as sources,
         ):
-            services = build(self.settings, db, submit_db, pools, sources)
+            services = build(self.settings, db, submit_db, pools, sources, activity)
             services.publish(app.state)
             for pool in services.pools:  # serve with a reading, not with "unknown"
                 await pool.monitor.refresh()
-            async with _background(services, db, self.settings.lag_interval_s):
+            async with _background(services, db, self.settings.lag_interval_s, activity):
                 yield
 
 
@@ -93,6 +95,7 @@ def build(
     submit_db: AsyncEngine,
     pools: Pools,
     sources: Sequence[tuple[Pool, LagSource]],
+    activity: Activity | None = None,
 ) -> Services:
     repo = JobRepository(
         db,
@@ -103,7 +106,8 @@ def build(
     )
     limits = TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm)
     router = PoolRouter(
-        pools, [pool_services(pool, db, source, limits) for pool, source in sources]
+        pools,
+        [pool_services(pool, db, source, limits, activity) for pool, source in sources],
     )
     batches = BatchStore(db, events_topic=settings.events_topic, topic_of=pools.topic_of)
     files = FileStore(db)
@@ -123,6 +127,7 @@ def build(
             lambda endpoint: RequestChecker(settings.api, endpoint=endpoint),
             interval_s=settings.lag_interval_s,
             released=router.wake_meters,
+            activity=activity,
         ),
         waiters=Waiters(limit=settings.api_max_connections),
         reads=Reads(repo),
@@ -152,13 +157,13 @@ async def _engines(
 
 @asynccontextmanager
 async def _lag_sources(
-    pools: Pools, db: AsyncEngine, given: LagSource | None
+    pools: Pools, db: AsyncEngine, given: LagSource | None, activity: Activity
 ) -> AsyncIterator[list[tuple[Pool, LagSource]]]:
     """Each pool's lag source (``given``: the first pool's)."""
     sources: list[tuple[Pool, LagSource]] = []
     try:
         for pool in pools:
-            own = given if given is not None and pool.first else lag_source(pool, db)
+            own = given if given is not None and pool.first else lag_source(pool, db, activity)
             sources.append((pool, own))
         yield sources
     finally:
@@ -169,29 +174,39 @@ async def _lag_sources(
 
 @asynccontextmanager
 async def _background(
-    services: Services, db: AsyncEngine, lag_interval_s: float
+    services: Services, db: AsyncEngine, lag_interval_s: float, activity: Activity
 ) -> AsyncIterator[None]:
     """The lag monitor, the flow report, the jobs-by-state gauge, the jobs channel's listener
-    (it wakes the waiting requests, the meter and the batch lifecycle), the submit groups'
-    writer, the batch meter and the batch lifecycle, stopped and awaited at the end."""
+    (it wakes the waiting requests, the meter and the batch lifecycle; with the outbox
+    channel, it touches ``activity``), the submit groups' writer, the batch meter and the
+    batch lifecycle, stopped and awaited at the end."""
 
     def on_notice(payload: str) -> None:
+        activity.touch()
         services.waiters.on_notice(payload)
         services.pools.job_ended()  # room for a held job
         services.lifecycle.wake()  # perhaps a batch's last job
+
+    def on_connect() -> None:
+        activity.touch()  # what was sent while it was down is lost
+        services.waiters.on_connect()
 
     listener = Listener(
         db.url.render_as_string(hide_password=False),
         constants.JOBS_CHANNEL,
         on_notice=on_notice,
-        on_connect=services.waiters.on_connect,
+        on_connect=on_connect,
+        also={constants.OUTBOX_CHANNEL: lambda _: activity.touch()},
     )
+    activity.heard_by(listener.connected)
     stop = asyncio.Event()
     tasks = []
     for pool in services.pools:
         model = pool.pool.model
         at = (pool.pool.topic, pool.pool.first)
-        flow = report_flow(services.repo, pool.monitor, stop, pool.admission.observe, at)
+        flow = report_flow(
+            services.repo, pool.monitor, stop, pool.admission.observe, at, activity
+        )
         tasks += [
             asyncio.create_task(pool.monitor.run(stop), name=f"lag-monitor {model}"),
             asyncio.create_task(flow, name=f"flow {model}"),
@@ -199,7 +214,9 @@ async def _background(
         ]
     tasks += [
         asyncio.create_task(
-            report_jobs_by_state(OverviewStore(db), stop, interval_s=lag_interval_s),
+            report_jobs_by_state(
+                OverviewStore(db), stop, interval_s=lag_interval_s, activity=activity
+            ),
             name="jobs-by-state",
         ),
         asyncio.create_task(listener.run(stop), name="jobs-listener"),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.activity import Activity
 from plumbing.pools import Pool, Pools
 from producers.admission.controller import AdmissionController
 from producers.admission.policy import Policy
@@ -61,9 +62,14 @@ class PoolRouter:
 
 
 def pool_services(
-    pool: Pool, db: AsyncEngine, source: LagSource, limits: TenantLimits
+    pool: Pool,
+    db: AsyncEngine,
+    source: LagSource,
+    limits: TenantLimits,
+    activity: Activity | None = None,
 ) -> PoolServices:
-    """One pool's monitor, admission and meter, on its own settings."""
+    """One pool's monitor, admission and meter, on its own settings (the meter quiet while
+    ``activity`` hears nothing)."""
     s = pool.settings
     estimate = LagEstimate()
     monitor = LagMonitor(
@@ -88,12 +94,16 @@ def pool_services(
         interval_s=s.lag_interval_s,
         counts_backlog=s.lag_measure == "open",
         model=pool.model,
+        activity=activity,
     )
     return PoolServices(pool=pool, source=source, monitor=monitor, admission=admission, meter=meter)
 
 
-def lag_source(pool: Pool, db: AsyncEngine) -> KafkaLagSource | SharedLagSource:
-    """The pool's lag, read from its group's committed offsets on its topic."""
+def lag_source(
+    pool: Pool, db: AsyncEngine, activity: Activity | None = None
+) -> KafkaLagSource | SharedLagSource:
+    """The pool's lag, read from its group's committed offsets on its topic; quiet while
+    ``activity`` hears nothing (``producers.lag.kafka``, ``producers.lag.shared``)."""
     s = pool.settings
     local = KafkaLagSource(
         db=db,
@@ -103,6 +113,7 @@ def lag_source(pool: Pool, db: AsyncEngine) -> KafkaLagSource | SharedLagSource:
         partitions=s.partitions,
         count_open=s.lag_measure == "open",
         first=pool.first,
+        activity=activity,
     )
     if s.lag_reader == "own":
         return local
@@ -112,6 +123,8 @@ def lag_source(pool: Pool, db: AsyncEngine) -> KafkaLagSource | SharedLagSource:
         topic=pool.topic,
         group=pool.group,
         model=pool.model,
+        stale_after_s=s.lag_stale_after_s,
+        activity=activity,
     )
 
 

@@ -8,7 +8,9 @@ Every API process runs it beside the meter, since the API holds the files and th
 its jobs go to. A round runs when a batch is created, when a job ends (the jobs channel's
 NOTIFY) and every ``interval_s``: that sweep picks up what a restarted or crashed API left
 ``validating`` or ``finalizing``, since each step is one transaction on a row taken with
-SKIP LOCKED (the state is the rows', never the process's).
+SKIP LOCKED (the state is the rows', never the process's). A round first asks, in one
+statement, whether any batch waits for a step; with an ``Activity``, a round that changed
+nothing is followed by a wait of up to ``QUIET_S`` unless something is heard first.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from plumbing.activity import Activity
 from plumbing.retry import in_rounds
 from producers.batches.lifecycle_repository import Checker, LifecycleStore
 
@@ -33,6 +36,7 @@ class Lifecycle:
         *,
         interval_s: float,
         released: Callable[[], None] = lambda: None,
+        activity: Activity | None = None,
     ) -> None:
         """``checker`` makes the line checker of a batch (from its endpoint);
         ``released``: called when a batch went in progress (its jobs wait for the meter)."""
@@ -40,6 +44,7 @@ class Lifecycle:
         self._checker = checker
         self._interval_s = interval_s
         self._released = released
+        self._activity = activity
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -49,6 +54,8 @@ class Lifecycle:
     async def step(self) -> int:
         """One round: validate every batch waiting, then finalize every batch whose jobs
         all ended; how many batches changed status."""
+        if not await self._store.pending():
+            return 0
         changed = 0
         while (validated := await self._store.validate_next(self._checker)) is not None:
             batch_id, status = validated
@@ -72,4 +79,6 @@ class Lifecycle:
             min_gap_s=MIN_GAP_S,
             logger=log,
             name="batch lifecycle",
+            quiet=lambda changed: changed == 0,
+            activity=self._activity,
         )

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, exists, select, update
+from sqlalchemy import ColumnElement, Exists, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from plumbing.db import transaction
@@ -117,13 +117,20 @@ class LifecycleStore:
             total += len(chunk)
         return total
 
+    async def pending(self) -> bool:
+        """In one statement: whether any batch waits for a step (validating, finalizing,
+        or in progress or cancelling with every job ended)."""
+        waiting = exists().where(batches.c.status.in_(("validating", "finalizing")))
+        ready = exists().where(batches.c.status.in_(("in_progress", "cancelling")), ~_unended())
+        async with self._engine.connect() as conn:
+            return bool(await conn.scalar(select(or_(waiting, ready))))
+
     async def mark_finalizing(self, limit: int = 100) -> int:
         """Batches in progress (or cancelling) whose every job ended become
         ``finalizing``; how many."""
-        unended = exists().where(jobs.c.batch_id == batches.c.id, jobs.c.state.notin_(_TERMINAL))
         ready = (
             select(batches.c.id)
-            .where(batches.c.status.in_(("in_progress", "cancelling")), ~unended)
+            .where(batches.c.status.in_(("in_progress", "cancelling")), ~_unended())
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
@@ -174,6 +181,11 @@ class LifecycleStore:
             keep_empty=False,
         )
         return None if made is None else made.id
+
+
+def _unended() -> Exists:
+    """The batch has a job not ended (correlated with ``batches``)."""
+    return exists().where(jobs.c.batch_id == batches.c.id, jobs.c.state.notin_(_TERMINAL))
 
 
 async def _take_next(

@@ -12,7 +12,10 @@ once every ``EXPIRE_EVERY_S``).
 A round runs when a batch is created, when a job ends (the jobs channel's NOTIFY), and
 every ``interval_s``; rounds are at least ``MIN_GAP_S`` apart. Every API process runs a
 meter; an advisory lock lets one of them work at a time, and the backlog is counted in
-PostgreSQL in the same transaction, so replicas never release more than the room.
+PostgreSQL in the same transaction, so replicas never release more than the room. A round
+that finds no job held is one statement (the backlog's count), and with an ``Activity`` the
+next waits up to ``QUIET_S`` unless the process hears something first (a job written or
+ended).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
+from plumbing.activity import Activity
 from plumbing.retry import in_rounds
 from producers.admission.controller import AdmissionController
 from producers.batches.meter_repository import Backlog, MeterStore, Round
@@ -60,6 +64,7 @@ class Meter:
         interval_s: float,
         counts_backlog: bool = True,
         model: str = DEFAULT_MODEL,
+        activity: Activity | None = None,
     ) -> None:
         """Each round reads the lag admission sees (``admission.current_lag()``: none while
         it is unknown, and then nothing is released) and reports into its estimate the jobs
@@ -75,6 +80,7 @@ class Meter:
         self._soft = soft
         self._fill = max(1, int(soft * fill))
         self._interval_s = interval_s
+        self._activity = activity
         self._wake = asyncio.Event()
         self._expired_at = -EXPIRE_EVERY_S
         # Whether held jobs may wait for room: the last round filled all the room it had
@@ -128,4 +134,6 @@ class Meter:
             min_gap_s=MIN_GAP_S,
             logger=log,
             name="meter",
+            quiet=lambda done: not done.held,
+            activity=self._activity,
         )

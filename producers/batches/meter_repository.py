@@ -10,7 +10,7 @@ from datetime import datetime
 from itertools import chain, zip_longest
 from typing import Any
 
-from sqlalchemy import func, insert, literal_column, select, text, update
+from sqlalchemy import Select, exists, func, insert, literal_column, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -77,6 +77,7 @@ class Round:
     released: int  # fewer than wanted: nothing more was held (or free to take)
     expired: int
     backlog: Backlog | None  # None: another meter held the lock; this round did nothing
+    held: bool = True  # False: the pool held no job as the round began (it did nothing else)
 
 
 Budget = Callable[[Backlog], int]
@@ -100,7 +101,12 @@ class MeterStore:
     ) -> Round:
         """Expire up to ``expire_limit`` overdue held jobs (with ``expire``), then release
         as many held jobs as ``budget`` allows for the backlog counted in the same
-        transaction."""
+        transaction. With no job held, one statement counts the backlog and finds none held:
+        there is nothing to expire or release, and no transaction (nor lock) is needed."""
+        async with self._engine.connect() as conn:
+            backlog, held = await _backlog_and_held(conn, self._pool)
+        if not held:
+            return Round(wanted=budget(backlog), released=0, expired=0, backlog=backlog, held=False)
         async with transaction(self._engine) as conn:
             locked = await conn.scalar(
                 select(
@@ -175,14 +181,24 @@ def interleaved(rows: Sequence[Mapping[Any, Any]]) -> list[Mapping[Any, Any]]:
     return [row for row in chain.from_iterable(turns) if row is not None]
 
 
-async def _backlog(conn: AsyncConnection, pool: ColumnElement[bool]) -> Backlog:
+def _backlog_query(pool: ColumnElement[bool]) -> Select[int, int]:
     """Counted on the partial index ix_jobs_backlog (its predicate, as literals)."""
     states = ", ".join(f"'{s}'" for s in BACKLOG_STATES)
-    row = (
-        await conn.execute(
-            select(func.count(), func.count(jobs.c.batch_id)).where(
-                ~jobs.c.held, literal_column(f"jobs.state IN ({states})"), pool
-            )
-        )
-    ).one()
+    return select(func.count(), func.count(jobs.c.batch_id)).where(
+        ~jobs.c.held, literal_column(f"jobs.state IN ({states})"), pool
+    )
+
+
+async def _backlog(conn: AsyncConnection, pool: ColumnElement[bool]) -> Backlog:
+    row = (await conn.execute(_backlog_query(pool))).one()
     return Backlog(jobs=int(row[0]), batch_jobs=int(row[1]))
+
+
+async def _backlog_and_held(
+    conn: AsyncConnection, pool: ColumnElement[bool]
+) -> tuple[Backlog, bool]:
+    """The backlog, and whether the pool holds any job (one probe of ix_jobs_held)."""
+    counted = _backlog_query(pool).subquery("backlog")
+    held = exists().where(jobs.c.held, pool)
+    row = (await conn.execute(select(*counted.c, held.label("held")))).one()
+    return Backlog(jobs=int(row[0]), batch_jobs=int(row[1])), bool(row[2])

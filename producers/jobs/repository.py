@@ -210,45 +210,47 @@ class JobRepository(SubmitRepository):
         """In-flight jobs (L) and the mean submit-to-terminal time (W) of recent ones: of
         the pool whose dispatch topic is ``topic`` (``first``: the first pool), or of all."""
         pool = of_pool(topic, first) if topic is not None else true()
+        now = (
+            select(
+                func.count().label("in_flight"),
+                func.count().filter(jobs.c.state == JobState.RUNNING.value).label("running"),
+            )
+            .select_from(jobs)
+            .where(jobs.c.state.not_in(_TERMINAL), pool)
+            .subquery("now")
+        )
+        timed = and_(
+            jobs.c.state == JobState.SUCCEEDED.value,
+            jobs.c.decoded_tokens > 0,
+            jobs.c.started_at.is_not(None),
+        )
+        per_token = (
+            func.extract("epoch", jobs.c.finished_at - jobs.c.started_at) / jobs.c.decoded_tokens
+        )
+        recent = (
+            select(
+                func.count().label("finished"),
+                func.avg(func.extract("epoch", jobs.c.finished_at - jobs.c.created_at)).label(
+                    "latency"
+                ),
+                func.count().filter(timed).label("timed"),
+                func.percentile_cont(0.5).within_group(per_token).filter(timed).label("per_token"),
+            )
+            .where(jobs.c.finished_at > func.now() - timedelta(seconds=FLOW_WINDOW_S), pool)
+            .subquery("recent")
+        )
+        # One statement: both aggregates give one row each.
         async with self._engine.connect() as conn:
-            in_flight, running = (
-                await conn.execute(
-                    select(
-                        func.count(),
-                        func.count().filter(jobs.c.state == JobState.RUNNING.value),
-                    )
-                    .select_from(jobs)
-                    .where(jobs.c.state.not_in(_TERMINAL), pool)
-                )
-            ).one()
-            timed = and_(
-                jobs.c.state == JobState.SUCCEEDED.value,
-                jobs.c.decoded_tokens > 0,
-                jobs.c.started_at.is_not(None),
-            )
-            per_token = (
-                func.extract("epoch", jobs.c.finished_at - jobs.c.started_at)
-                / jobs.c.decoded_tokens
-            )
-            recent = (
-                await conn.execute(
-                    select(
-                        func.count(),
-                        func.avg(func.extract("epoch", jobs.c.finished_at - jobs.c.created_at)),
-                        func.count().filter(timed),
-                        func.percentile_cont(0.5).within_group(per_token).filter(timed),
-                    ).where(
-                        jobs.c.finished_at > func.now() - timedelta(seconds=FLOW_WINDOW_S), pool
-                    )
-                )
+            row = (
+                await conn.execute(select(now, recent).select_from(now.join(recent, true())))
             ).one()
         return Flow(
-            in_flight=int(in_flight),
-            running=int(running),
-            finished_recently=int(recent[0]),
-            mean_latency_s=float(recent[1]) if recent[1] is not None else None,
-            timed_jobs=int(recent[2]),
-            token_time_s=float(recent[3]) if recent[3] is not None else None,
+            in_flight=int(row.in_flight),
+            running=int(row.running),
+            finished_recently=int(row.finished),
+            mean_latency_s=float(row.latency) if row.latency is not None else None,
+            timed_jobs=int(row.timed),
+            token_time_s=float(row.per_token) if row.per_token is not None else None,
         )
 
 

@@ -1,16 +1,38 @@
 """The lag monitor's reader: the worker group's committed offsets from the broker, then the rest
-of the reading from PostgreSQL (``LagRepository``)."""
+of the reading from PostgreSQL (``LagRepository``).
+
+With an ``Activity`` (the process's LISTEN connection on the outbox and jobs channels), a
+reading whose PostgreSQL part cannot have changed reuses it instead of asking again: the last
+one counted no unpublished job, the commit points are the same, and nothing was heard since
+its statement began (no outbox row written, no job ended, no reconnect). Then no job can
+have been published or dispatched (the relay publishes only unpublished rows), none can have
+ended, and the ends only move with a publish: the statement would return what it returned.
+It is asked again anyway every ``QUIET_S``, and the reused reading keeps the mark of the
+statement it came from, so that what this process admitted since counts as unseen.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.activity import QUIET_S, Activity
 from plumbing.kafka import GroupReader
 from producers.lag.repository import LagRepository
 from producers.lag.rule import Reading
+
+
+@dataclass(frozen=True)
+class _Settled:
+    """A reading with nothing unpublished, and the activity's version as it was taken."""
+
+    reading: Reading
+    version: int
+    at: float  # time.monotonic() as its statement began
 
 
 class KafkaLagSource:
@@ -28,19 +50,45 @@ class KafkaLagSource:
         partitions: int,
         count_open: bool = True,
         first: bool = True,
+        activity: Activity | None = None,
     ) -> None:
+        """``activity``: what this process hears (None: PostgreSQL is read every time)."""
         self._topic = topic
         self._partitions = partitions
         self._reader = GroupReader(bootstrap, group_id)
         self._repository = LagRepository(
             db, topic=topic, partitions=partitions, count_open=count_open, first=first
         )
+        self._activity = activity
+        self._settled: _Settled | None = None
+        self.pg_reads = 0  # readings that asked PostgreSQL
 
     async def read(self, mark: Callable[[], int] | None = None) -> Reading:
         """``mark`` is read as the PostgreSQL snapshot begins (``Reading.mark``)."""
         # The commit points first: the ends and the open jobs read after them are at or
         # past them.
-        return await self._repository.reading(await self.committed(), mark)
+        committed = await self.committed()
+        reused = self._reuse(committed)
+        if reused is not None:
+            return reused
+        version = self._activity.version if self._activity is not None else 0
+        began = time.monotonic()
+        reading = await self._repository.reading(committed, mark)
+        self.pg_reads += 1
+        settled = self._activity is not None and reading.unpublished == 0
+        self._settled = _Settled(reading, version, began) if settled else None
+        return reading
+
+    def _reuse(self, committed: dict[int, int]) -> Reading | None:
+        """The last reading again, where PostgreSQL's part of it cannot have changed."""
+        last = self._settled
+        if last is None or self._activity is None:
+            return None
+        if not self._activity.quiet_since(last.version) or time.monotonic() - last.at > QUIET_S:
+            return None
+        if dict(last.reading.committed) != committed:
+            return None
+        return replace(last.reading, age_s=0.0)
 
     async def committed(self) -> dict[int, int]:
         """The worker group's committed offset per partition (0 where none)."""

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Interval, Select, func, literal, select
+from sqlalchemy import Interval, Select, and_, func, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -30,6 +30,17 @@ def _keyed(partitions: Mapping[int, int] | None) -> dict[str, int] | None:
 
 def _partitions(found: Mapping[str, Any] | None) -> dict[int, int] | None:
     return None if found is None else {int(p): int(n) for p, n in found.items()}
+
+
+def _found(found: Any) -> tuple[datetime, Reading]:
+    reading = Reading(
+        _partitions(found.ends) or {},
+        _partitions(found.committed) or {},
+        int(found.unpublished),
+        _partitions(found.open),
+        age_s=max(float(found.age), 0.0),
+    )
+    return found.taken_at, reading
 
 
 class ReadingStore:
@@ -66,25 +77,30 @@ class ReadingStore:
 
     async def latest(self) -> tuple[datetime, Reading] | None:
         """The stored reading and when it began; its ``age_s`` by the database's clock."""
-        age = func.extract("epoch", func.now() - lag_readings.c.taken_at)
-        found = (
-            await (await self._connection()).execute(
-                select(lag_readings, age.label("age")).where(
-                    lag_readings.c.topic == self._topic,
-                    lag_readings.c.consumer_group == self._group,
-                )
-            )
-        ).first()
-        if found is None:
-            return None
-        reading = Reading(
-            _partitions(found.ends) or {},
-            _partitions(found.committed) or {},
-            int(found.unpublished),
-            _partitions(found.open),
-            age_s=max(float(found.age), 0.0),
+        found = (await (await self._connection()).execute(self._latest())).first()
+        return None if found is None else _found(found)
+
+    async def lock_or_latest(self) -> tuple[bool, tuple[datetime, Reading] | None]:
+        """In one statement: take the reader's lock if no other session holds it, and the
+        stored reading (as ``latest``), for a replica that is not the reader yet."""
+        lock = self._lock("pg_try_advisory_lock").scalar_subquery().label("locked")
+        keys = and_(
+            lag_readings.c.topic == self._topic, lag_readings.c.consumer_group == self._group
         )
-        return found.taken_at, reading
+        one = select(literal(1).label("one")).subquery("one")
+        age = func.extract("epoch", func.now() - lag_readings.c.taken_at).label("age")
+        query = select(lock, lag_readings, age).select_from(
+            one.outerjoin(lag_readings, keys)
+        )
+        found = (await (await self._connection()).execute(query)).one()
+        return bool(found.locked), None if found.taken_at is None else _found(found)
+
+    def _latest(self) -> Select[Any]:
+        age = func.extract("epoch", func.now() - lag_readings.c.taken_at)
+        return select(lag_readings, age.label("age")).where(
+            lag_readings.c.topic == self._topic,
+            lag_readings.c.consumer_group == self._group,
+        )
 
     def _lock(self, function: str) -> Select[Any]:
         key = func.hashtext(f"{self._topic} {self._group}")  # no space in a topic name

@@ -1,23 +1,26 @@
-"""The lag monitor's SQL: in one PostgreSQL snapshot, the dispatch topic's partition ends
-(from the relay's record), the accepted jobs not yet published, and per partition the jobs not
-yet ended past the worker group's commit points."""
+"""The lag monitor's SQL: in one statement (so one PostgreSQL snapshot, with no transaction
+around it), the dispatch topic's partition ends (from the relay's record), the accepted jobs
+not yet published, and per partition the jobs not yet ended past the worker group's commit
+points."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     Integer,
+    ScalarSelect,
     and_,
-    bindparam,
     column,
     func,
+    literal,
     literal_column,
     select,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from producers.lag.rule import Reading
@@ -52,38 +55,44 @@ class LagRepository:
         self, committed: Mapping[int, int], marker: Callable[[], int] | None = None
     ) -> Reading:
         """The reading at the commit points ``committed`` (read first: the ends and the open
-        jobs read after them are at or past them). One snapshot: the relay moves rows from
-        "unpublished" to the ends, and records the jobs' positions, in one transaction.
-        ``marker`` is read as the snapshot begins (``Reading.mark``)."""
+        jobs read after them are at or past them). One statement, so one snapshot: the relay
+        moves rows from "unpublished" to the ends, and records the jobs' positions, in one
+        transaction. ``marker`` is read before the statement (``Reading.mark``)."""
+        ends = (
+            select(
+                func.coalesce(
+                    func.jsonb_object_agg(partition_ends.c.partition, partition_ends.c.end_offset),
+                    literal_column("'{}'::jsonb"),
+                )
+            )
+            .where(partition_ends.c.topic == self._topic)
+            .scalar_subquery()
+        )
+        unpublished = (
+            select(func.count())
+            .select_from(outbox)
+            .where(outbox.c.published_at.is_(None), outbox.c.topic == self._topic)
+            .scalar_subquery()
+        )
+        columns = [ends.label("ends"), unpublished.label("unpublished")]
+        if self._count_open:
+            columns.append(self._open(committed).label("open"))
         async with self._db.connect() as conn:
-            await conn.execution_options(isolation_level="REPEATABLE READ")
             mark = marker() if marker is not None else None
-            rows = (
-                await conn.execute(
-                    select(partition_ends.c.partition, partition_ends.c.end_offset).where(
-                        partition_ends.c.topic == self._topic
-                    )
-                )
-            ).all()
-            unpublished = (
-                await conn.execute(
-                    select(func.count())
-                    .select_from(outbox)
-                    .where(outbox.c.published_at.is_(None), outbox.c.topic == self._topic)
-                )
-            ).scalar_one()
-            open = await self._open(conn, committed) if self._count_open else None
-        ends = {p: 0 for p in range(self._partitions)} | {r[0]: int(r[1]) for r in rows}
-        return Reading(ends, committed, int(unpublished), open, mark=mark)
+            row = (await conn.execute(select(*columns))).one()
+        found = {int(p): int(n) for p, n in row.ends.items()}
+        open = {int(p): int(n) for p, n in row.open.items()} if self._count_open else None
+        ends_of = {p: 0 for p in range(self._partitions)} | found
+        return Reading(ends_of, committed, int(row.unpublished), open, mark=mark)
 
-    async def _open(self, conn: AsyncConnection, committed: Mapping[int, int]) -> dict[int, int]:
+    def _open(self, committed: Mapping[int, int]) -> ScalarSelect[Any]:
         """Per partition, the jobs not yet ended whose record of this log lies at or past the
-        commit point (the open jobs are found by index: ix_jobs_state or the partial
-        ix_jobs_dispatch_position)."""
+        commit point, as one JSON object (the open jobs are found by index: ix_jobs_state or
+        the partial ix_jobs_dispatch_position)."""
         points = (
             func.unnest(
-                bindparam("partitions", type_=ARRAY(Integer())),
-                bindparam("offsets", type_=ARRAY(BigInteger())),
+                literal(list(committed), ARRAY(Integer())),
+                literal(list(committed.values()), ARRAY(BigInteger())),
             )
             .table_valued(column("partition", Integer()), column("offset", BigInteger()))
             .render_derived(name="points")
@@ -93,8 +102,8 @@ class LagRepository:
         open_states: list[ColumnElement[str]] = [
             literal_column(f"'{state.value}'") for state in OPEN_STATES
         ]
-        rows = await conn.execute(
-            select(jobs.c.dispatch_partition, func.count())
+        counts = (
+            select(jobs.c.dispatch_partition.label("partition"), func.count().label("n"))
             .select_from(
                 points.join(jobs, jobs.c.dispatch_partition == points.c.partition).join(
                     partition_ends,
@@ -111,7 +120,12 @@ class LagRepository:
                 jobs.c.dispatch_offset >= points.c.offset,
                 jobs.c.dispatch_log.is_not_distinct_from(partition_ends.c.log),
             )
-            .group_by(jobs.c.dispatch_partition),
-            {"partitions": list(committed), "offsets": list(committed.values())},
+            .group_by(jobs.c.dispatch_partition)
+            .subquery("open_counts")
         )
-        return {int(p): int(n) for p, n in rows}
+        return select(
+            func.coalesce(
+                func.jsonb_object_agg(counts.c.partition, counts.c.n),
+                literal_column("'{}'::jsonb"),
+            )
+        ).scalar_subquery()

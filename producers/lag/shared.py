@@ -10,6 +10,13 @@ staleness bound holds as for a reading of its own: once the reader stops writing
 reading ages past ``lag_stale_after_s`` on every replica and the lag is unknown there.
 A follower reads the row each ``lag_interval_s``, so its reading is at most about two
 intervals old instead of one.
+
+Quiet, with ``stale_after_s`` and an ``Activity`` (the process's LISTEN connection): the
+reader rewrites the row only when the reading changed, or once the row is half
+``stale_after_s`` old (so it never goes stale while the reader lives); a follower reads it
+(trying the reader's lock in the same statement) only when it heard something since its last
+look, or when its copy is ``FOLLOW_AFTER`` of ``stale_after_s`` old: by then the reader has
+rewritten it, or is gone and the follower takes its lock.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from datetime import datetime
 from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError
 
+from plumbing.activity import Activity
 from producers.lag.kafka import KafkaLagSource
 from producers.lag.reading_store import ReadingStore
 from producers.lag.rule import Reading
@@ -31,20 +39,38 @@ from producers.metrics import LAG_READER
 
 log = logging.getLogger(__name__)
 
+REWRITE_AFTER = 0.5  # of stale_after_s: the reader rewrites an unchanged reading this old
+FOLLOW_AFTER = 0.6  # of stale_after_s: a follower that heard nothing looks again this old
+
 
 class SharedLagSource:
     """A ``LagSource`` shared by the API replicas of one database, topic and group."""
 
     def __init__(
-        self, local: KafkaLagSource, *, url: str, topic: str, group: str, model: str = ""
+        self,
+        local: KafkaLagSource,
+        *,
+        url: str,
+        topic: str,
+        group: str,
+        model: str = "",
+        stale_after_s: float | None = None,
+        activity: Activity | None = None,
     ) -> None:
-        """``model``: the pool's, the label of ``sluicegate_lag_reader``."""
+        """``model``: the pool's, the label of ``sluicegate_lag_reader``. Without
+        ``stale_after_s`` and ``activity``, every reading is written and every replica not
+        reading looks at each read (and tries the lock)."""
         self._model = model
         self._local = local
         self._store = ReadingStore(url, topic=topic, group=group)
         self._name = f"{socket.gethostname()}:{os.getpid()}"
         self._reader = False
         self._last: datetime | None = None  # when the last reading handed over began
+        self._stale_s = stale_after_s if activity is not None else None
+        self._activity = activity
+        self._written: tuple[Reading, float] | None = None  # the reader's last row, when
+        self._heard = 0  # the activity's version as the follower last looked
+        self._copy_at: float | None = None  # when (monotonic) the follower's copy began
 
     @property
     def reader(self) -> bool:
@@ -55,13 +81,19 @@ class SharedLagSource:
         """``mark`` is read as this replica's own readings' snapshots begin; a reading
         another replica took has none."""
         try:
-            if not self._reader and await self._store.try_lock():
+            if self._reader:
+                return await self._take(mark)
+            if not self._due():
+                return None
+            heard = self._activity.version if self._activity is not None else 0
+            locked, found = await self._store.lock_or_latest()
+            if locked:
                 self._is_reader(True)
                 of = f" of {self._model}" if self._model else ""
                 log.info("lag%s: this replica (%s) now reads the lag for all", of, self._name)
-            if self._reader:
                 return await self._take(mark)
-            return await self._follow()
+            self._heard = heard
+            return self._follow(found)
         except DBAPIError:
             self._is_reader(False)  # its lock, if it held one, goes with its session
             await self._store.drop()
@@ -76,7 +108,9 @@ class SharedLagSource:
             await self._store.unlock()
             raise
         taken = time.monotonic() - began
-        await self._store.write(reading, taken_s=taken, reader=self._name)
+        if self._rewrite(reading, began):
+            await self._store.write(reading, taken_s=taken, reader=self._name)
+            self._written = (reading, began)
         return Reading(
             reading.ends,
             reading.committed,
@@ -86,9 +120,31 @@ class SharedLagSource:
             mark=reading.mark,
         )
 
-    async def _follow(self) -> Reading | None:
-        found = await self._store.latest()
-        if found is None or found[0] == self._last:
+    def _rewrite(self, reading: Reading, began: float) -> bool:
+        """Whether the row must be written: always without ``stale_after_s``; else when
+        the reading changed, or the row is half as old as a stale one."""
+        if self._stale_s is None or self._written is None:
+            return True
+        written, at = self._written
+        if began - at >= REWRITE_AFTER * self._stale_s:
+            return True
+        return _values(written) != _values(reading)
+
+    def _due(self) -> bool:
+        """Whether a follower looks now: always without ``stale_after_s``; else when it
+        heard something since it last looked, or its copy is getting old."""
+        if self._stale_s is None or self._activity is None:
+            return True
+        if not self._activity.quiet_since(self._heard) or self._copy_at is None:
+            return True
+        return time.monotonic() - self._copy_at >= FOLLOW_AFTER * self._stale_s
+
+    def _follow(self, found: tuple[datetime, Reading] | None) -> Reading | None:
+        if found is None:
+            self._copy_at = None
+            return None
+        self._copy_at = time.monotonic() - found[1].age_s
+        if found[0] == self._last:
             return None
         self._last = found[0]
         return found[1]
@@ -101,3 +157,7 @@ class SharedLagSource:
         self._is_reader(False)
         await self._store.close()
         await self._local.close()
+
+
+def _values(reading: Reading) -> tuple[object, ...]:
+    return (reading.ends, reading.committed, reading.unpublished, reading.open)

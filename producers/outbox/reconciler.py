@@ -11,12 +11,19 @@ A ``dispatched`` job whose record is gone gets a new one at once; a ``running`` 
 once its attempt has run ``reconcile_running_after_s`` (its worker may still be decoding; a
 new record makes a new attempt that fences the old one). The new dispatch record goes through
 the outbox like any other, conditional on the position still being the one judged.
+
+A pass whose first view is the one of the last pass, which found no suspect, less than
+``QUIET_S`` ago, asks PostgreSQL nothing: with the broker's log, ends and commit points
+unchanged no record can have gone since, and no job been dispatched (the relay would have
+moved an end). Only a running job's age can make a new suspect: it waits ``QUIET_S`` more
+at most, against ``reconcile_running_after_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -24,6 +31,7 @@ from typing import Protocol
 from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError
 
+from plumbing.activity import QUIET_S
 from plumbing.aio import wait_first
 from plumbing.retry import count as count_retry
 from producers.metrics import RECONCILED
@@ -62,6 +70,7 @@ class Reconciler:
         self._partitions = config.kafka.partitions
         self._store = store
         self._reader = reader
+        self._quiet: tuple[LogView, float] | None = None  # a view with no suspect, when
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
@@ -80,12 +89,16 @@ class Reconciler:
         s = self._relay
         async with asyncio.timeout(max(s.reconcile_interval_s, 30.0)):
             before = await self._reader.read()
+            if self._unchanged(before):
+                return 0
+            self._quiet = None
             await self._fix_ends(before)
             running_since = datetime.now(UTC) - timedelta(seconds=s.reconcile_running_after_s)
             suspects = await self._store.suspects(
                 before, partitions=self._partitions, running_since=running_since
             )
             if not suspects:
+                self._quiet = (before, time.monotonic())
                 return 0
             after = await self._reader.read()
         done = 0
@@ -95,6 +108,11 @@ class Reconciler:
             RECONCILED.inc(done)
             log.warning("reconciler: %d jobs had lost their dispatch record; sent again", done)
         return done
+
+    def _unchanged(self, view: LogView) -> bool:
+        """The view of the last pass, which found no suspect less than QUIET_S ago."""
+        quiet = self._quiet
+        return quiet is not None and quiet[0] == view and time.monotonic() - quiet[1] < QUIET_S
 
     async def _fix_ends(self, view: LogView) -> None:
         """Recorded partition ends of another log would keep the lag huge (the new log's

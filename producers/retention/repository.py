@@ -35,7 +35,8 @@ class RetentionStore:
         self._engine = engine
 
     async def _delete(self, table: Table, picked: ScalarSelect[Any]) -> int:
-        async with transaction(self._engine) as conn:
+        """One statement, so its own transaction without a BEGIN and a COMMIT."""
+        async with self._engine.connect() as conn:
             result = await conn.execute(delete(table).where(table.c.id.in_(picked)))
             return int(result.rowcount)
 

@@ -18,6 +18,7 @@ OBSERVER = "costs_observer"  # the role of this benchmark's own connection
 WIDTH_TABLES = ("jobs", "outbox", "batches", "webhook_deliveries", "webhook_attempts")
 TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|START|SAVEPOINT|RELEASE)\b", re.I)
 TOP_N = 10
+TOP_N_IDLE = 40  # the idle window lists (nearly) every statement a quiet stack runs
 
 Flat = dict[str, float]  # a window's counters, by dotted name ("cpu_ms.api", "pg.statements")
 
@@ -117,9 +118,11 @@ async def pg_window(obs: Observer, start: Flat) -> tuple[Flat, list[dict[str, An
     return out, statements
 
 
-def top_statements(statements: list[dict[str, Any]], jobs: int, key: str) -> list[dict[str, Any]]:
-    """The ``TOP_N`` statements by ``key``, per job, their text shortened."""
-    ranked = sorted(statements, key=lambda s: -float(s[key]))[:TOP_N]
+def top_statements(
+    statements: list[dict[str, Any]], jobs: int, key: str, top_n: int = TOP_N
+) -> list[dict[str, Any]]:
+    """The ``top_n`` statements by ``key``, per job, their text shortened."""
+    ranked = sorted(statements, key=lambda s: -float(s[key]))[:top_n]
     return [
         {
             "query": shorten(s["query"]),

@@ -17,6 +17,8 @@ import httpx
 from aiokafka import TopicPartition
 
 from benchmarks.lib.costs.observer import (
+    TOP_N,
+    TOP_N_IDLE,
     Flat,
     Observer,
     ended_states,
@@ -192,7 +194,9 @@ async def window(
         "accepted_jobs_per_s": round(jobs / load_s, 3) if load_s else None,
         "raw": {k: round(v, 3) for k, v in raw.items()},
         "kafka_watermark_records": watermark_growth(reading.watermarks, after.watermarks, names),
-        "top_statements_by_calls": top_statements(statements, max(jobs, 1), "calls"),
+        "top_statements_by_calls": top_statements(
+            statements, max(jobs, 1), "calls", TOP_N_IDLE if name == "idle" else TOP_N
+        ),
         "top_statements_by_time": top_statements(statements, max(jobs, 1), "total_exec_time"),
     }
 
