@@ -21,24 +21,19 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiokafka.errors import KafkaError
-from prometheus_client import Counter
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.aio import wait_first
-from plumbing.mark_store import Mark, OutboxRow
+from plumbing.mark_store import Mark, OutboxRow, marker
+from plumbing.metrics import AT_ONCE
 from plumbing.publisher import Publisher, Target
+from plumbing.settings import Settings
 
 log = logging.getLogger(__name__)
 
 Flush = Callable[[list[Mark]], Awaitable[None]]
 
-AT_ONCE = Counter(
-    "sluicegate_outbox_at_once_total",
-    "Outbox rows their writer (the API, a worker) published at once (outcome=published), or "
-    "left to the relay (outcome=left_to_relay: the broker down, too many waiting, stopping)",
-    ["outcome"],
-    registry=None,
-)
 DOWN_S = 5.0  # after a failed send, rows are left to the relay this long
 WAITING = 10_000  # most rows waiting to be sent
 
@@ -69,6 +64,10 @@ class AtOnce:
             return
         self._pending.extend(rows)
         self._wake.set()
+
+    @property
+    def marks_waiting(self) -> int:
+        return len(self._marks)
 
     def take(self) -> list[Mark]:
         """The marks waiting for a statement; the caller's statement writes them."""
@@ -130,3 +129,30 @@ class AtOnce:
         except (SQLAlchemyError, OSError) as exc:
             log.warning("marking %d rows published failed; retrying: %r", len(marks), exc)
             self.restore(marks)
+
+
+def at_once_of(
+    settings: Settings,
+    engine: AsyncEngine,
+    *,
+    topics: dict[str, int],
+    dispatch_topics: frozenset[str] = frozenset(),
+) -> AtOnce | None:
+    """A process's ``AtOnce`` for ``topics`` (None: ``publish_at_once`` is off, or there is
+    no broker to publish to); its marks' own statements go through ``engine``."""
+    if not settings.publish_at_once or not settings.kafka_bootstrap_servers:
+        return None
+    target = Target(
+        bootstrap=settings.require_kafka(),
+        topics=topics,
+        dispatch_topics=dispatch_topics,
+        replication_factor=settings.replication_factor,
+        idempotent=settings.kafka_idempotent_producer,
+        send_timeout_s=settings.relay_send_timeout_s,
+    )
+    return AtOnce(
+        target,
+        flush=marker(engine, dispatch_topics),
+        linger_s=settings.publish_mark_linger_s,
+        grace_s=settings.publish_at_once_grace_s,
+    )

@@ -14,12 +14,12 @@ CTEs (``MARKS``, parameters from ``params``) that such a statement carries befor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import TextClause, text
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,3 +117,16 @@ async def mark(
     """``marks`` recorded on ``conn`` (in the caller's transaction, if it has one)."""
     if marks:
         await conn.execute(MARK, params(marks, dispatch_topics))
+
+
+def marker(
+    engine: AsyncEngine, dispatch_topics: Iterable[str]
+) -> Callable[[list[Mark]], Awaitable[None]]:
+    """What records marks in a statement of their own (``AtOnce``'s ``flush``)."""
+    topics = frozenset(dispatch_topics)
+
+    async def flush(marks: list[Mark]) -> None:
+        async with engine.connect() as conn:
+            await mark(conn, marks, topics)
+
+    return flush

@@ -33,7 +33,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import RestrictedRegistry
 
-from schemas.constants import M_RETRIES
+from schemas.constants import M_AT_ONCE, M_RETRIES
 
 Role = Literal["api", "relay", "worker", "webhooks"]
 ROLES: tuple[Role, ...] = ("api", "relay", "worker", "webhooks")
@@ -56,6 +56,14 @@ RETRIES = Counter(
     registry=None,
 )
 
+AT_ONCE = Counter(
+    M_AT_ONCE,
+    "Outbox rows their writer (the API, a worker) published at once (outcome=published), or "
+    "left to the relay (outcome=left_to_relay: the broker down, too many waiting, stopping)",
+    ["outcome"],
+    registry=None,
+)
+
 
 def _new() -> CollectorRegistry:
     registry = CollectorRegistry()
@@ -65,6 +73,8 @@ def _new() -> CollectorRegistry:
 
 
 _REGISTRIES: dict[Role, CollectorRegistry] = {role: _new() for role in ROLES}
+for _role in ("api", "worker"):  # the writers that publish at once (plumbing.at_once)
+    _REGISTRIES[_role].register(AT_ONCE)
 _LABELS: dict[Role, dict[str, str]] = {role: {} for role in ROLES}
 
 

@@ -341,7 +341,7 @@ file_parts = Table(
     Column("data", LargeBinary, nullable=False),
 )
 
-# The workers that report themselves (workers/presence.py): each upserts its row every
+# The workers that report themselves (workers/presence/report.py): each upserts its row every
 # worker_report_s and deletes it when it stops cleanly; a row not seen for a few intervals
 # is a worker gone (shown as stale, then pruned by retention).
 workers = Table(

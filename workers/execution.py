@@ -17,6 +17,7 @@ from plumbing.retry import Stopped, retrying
 from schemas import reasons
 from schemas.states import JobState
 from workers.control import Control, Running
+from workers.end_repository import EndRepository
 from workers.engines.base import GenerationRequest, InferenceEngine
 from workers.gate import Drop, PreDecodeGate
 from workers.metrics import (
@@ -59,12 +60,14 @@ class Executor:
         *,
         engine: InferenceEngine,
         repo: WorkerRepository,
+        ends: EndRepository,
         control: Control,
         predecode: PreDecodeGate,
         takeover_grace_s: float = 20.0,
     ) -> None:
         self._engine = engine
         self._repo = repo
+        self._ends = ends
         self.control = control
         self._predecode = predecode
         self._takeover_grace_s = takeover_grace_s
@@ -257,7 +260,7 @@ class Executor:
         # Shielded: a stop or revoke must not lose a result that was computed.
         written = await asyncio.shield(
             self._retrying(
-                lambda: self._repo.finish(
+                lambda: self._ends.finish(
                     job, state, result=result, error=error, decoded_tokens=decoded_tokens, at=at
                 )
             )

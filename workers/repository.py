@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, cast, exists, func, insert, literal, select, text, update
+from sqlalchemy import Select, cast, func, insert, literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -290,61 +290,6 @@ class WorkerRepository:
                     ),
                 )
             )
-
-    async def finish(
-        self,
-        job: Claimed,
-        state: JobState,
-        *,
-        result: dict[str, Any] | None = None,
-        error: dict[str, Any] | None = None,
-        decoded_tokens: int | None = None,
-        at: datetime | None = None,
-    ) -> bool:
-        """Write the terminal state if this attempt still owns the job (fencing).
-
-        ``at`` is when the job ended (default: now). The job event goes into the outbox in
-        the same transaction. Returns False when the job was cancelled meanwhile or a newer
-        attempt took it over.
-        """
-        if not state.terminal:
-            raise ValueError(f"{state} is not terminal")
-        now = at or datetime.now(UTC)
-        event = _event(
-            self._events_topic,
-            {"id": job.id, "tenant": job.tenant, "callback_url": job.callback_url},
-            state,
-            job.attempt,
-            now,
-            error or {},
-        )
-        written = (
-            update(jobs)
-            .where(
-                jobs.c.id == job.id,
-                jobs.c.state == JobState.RUNNING.value,
-                jobs.c.attempt == job.attempt,
-            )
-            .values(
-                state=state.value,
-                result=result,
-                error=error,
-                decoded_tokens=decoded_tokens,
-                finished_at=now,
-                updated_at=now,
-            )
-            .returning(jobs.c.id)
-            .cte("written")
-        )
-        columns = ["topic", "key", "payload"]
-        announced = insert(outbox).from_select(
-            columns, select(*(literal(event[c]) for c in columns)).where(exists(written.select()))
-        )
-        async with self._engine.connect() as conn:
-            found = await conn.scalar(
-                select(func.count()).select_from(written).add_cte(announced.cte("announced"))
-            )
-        return found == 1
 
 
 def _candidate(row: Mapping[Any, Any], prompt_tokens: int) -> Candidate:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.at_once import at_once_of
 from plumbing.db import make_engine
 from plumbing.kafka import close_client, make_consumer
 from plumbing.metrics import label
@@ -20,6 +21,7 @@ from plumbing.settings.engines import SimSettings
 from plumbing.settings.worker import WorkerSettings
 from workers.consumer import Worker
 from workers.control import Control
+from workers.end_repository import EndRepository
 from workers.engines.base import InferenceEngine
 from workers.engines.sim.engine import SimEngine
 from workers.execution import Executor
@@ -27,8 +29,8 @@ from workers.gate import PreDecodeGate, PullGate
 from workers.group.kip848 import GroupConsumer, consumer_config, require_consumer_protocol
 from workers.kv import ExpectedOutput
 from workers.metrics import watch
-from workers.presence import Presence, worker_id
-from workers.presence_repository import PresenceRepository
+from workers.presence.report import Presence, worker_id
+from workers.presence.repository import PresenceRepository
 from workers.repository import WorkerRepository
 from workers.speed import SpeedMeter
 
@@ -177,6 +179,11 @@ async def start_consumer(
         return None
 
 
+def events_topic(settings: Settings) -> dict[str, int]:
+    """The events topic, with its partitions: what a worker publishes at once."""
+    return {settings.events_topic: settings.topic_partitions()[settings.events_topic]}
+
+
 async def run_worker(
     settings: Settings,
     stop: asyncio.Event,
@@ -210,13 +217,17 @@ async def run_worker(
             database_url=settings.database_url,
             sweep_s=own.control_sweep_s,
         )
-        control_stop = asyncio.Event()
-        control_task = asyncio.create_task(control.run(control_stop), name="control")
+        at_once = at_once_of(settings, db, topics=events_topic(settings))
+        control_stop = asyncio.Event()  # and at once's: after the drain's last ends
+        controls = [asyncio.create_task(control.run(control_stop), name="control")]
+        if at_once is not None:
+            controls.append(asyncio.create_task(at_once.run(control_stop), name="at-once"))
         try:
             gate = build_gate(own, inference)
             executor = Executor(
                 engine=inference,
                 repo=repo,
+                ends=EndRepository(db, events_topic=settings.events_topic, at_once=at_once),
                 control=control,
                 predecode=build_predecode(own, gate),
                 # A revoked owner's jobs end or are aborted within its drain.
@@ -246,7 +257,7 @@ async def run_worker(
                 executor.fenced.flush()  # the last burst, before the process ends
         finally:
             control_stop.set()  # after the drain: jobs still decoding can be stopped
-            await control_task
+            await asyncio.gather(*controls)
             await close_consumer(consumer)
     finally:
         await inference.close()

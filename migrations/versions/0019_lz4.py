@@ -1,7 +1,7 @@
 """lz4 TOAST compression for the columns that hold kilobytes, where the server has lz4
 
 Revision ID: 0019z
-Revises: 0018
+Revises: 0019
 Create Date: 2026-11-28 01:00:00
 
 A job's input and result, its error, a file's parts, a batch's errors, a webhook's body and a
@@ -25,7 +25,7 @@ from alembic import op
 from sqlalchemy import text
 
 revision = "0019z"
-down_revision = "0018"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 

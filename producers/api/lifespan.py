@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.datastructures import State
 
 from plumbing.activity import Activity
+from plumbing.at_once import AtOnce, at_once_of
 from plumbing.db import make_engine
 from plumbing.notify import Listener
 from plumbing.pools import Pool, Pools
@@ -57,6 +58,7 @@ class Services:
     lifecycle: Lifecycle
     waiters: Waiters
     reads: Reads
+    at_once: AtOnce | None = None  # publishes the submits' dispatch records at once
 
     def publish(self, state: State) -> None:
         for field in fields(self):
@@ -103,6 +105,10 @@ def build(
         events_topic=settings.events_topic,
         autocommit=submit_db,
         topic_of=pools.topic_of,
+        dispatch_topics=pools.topics(),
+    )
+    repo.at_once = at_once_of(
+        settings, submit_db, topics=pools.topic_partitions(), dispatch_topics=pools.topics()
     )
     limits = TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm)
     router = PoolRouter(
@@ -131,6 +137,7 @@ def build(
         ),
         waiters=Waiters(limit=settings.api_max_connections),
         reads=Reads(repo),
+        at_once=repo.at_once,
     )
 
 
@@ -223,6 +230,8 @@ async def _background(
         asyncio.create_task(services.group_commit.run(stop), name="submit-groups"),
         asyncio.create_task(services.lifecycle.run(stop), name="batch-lifecycle"),
     ]
+    if services.at_once is not None:
+        tasks.append(asyncio.create_task(services.at_once.run(stop), name="publish-at-once"))
     try:
         yield
     finally:

@@ -3,7 +3,7 @@ heartbeats, cancels and abandons with their events, and the flow (L and W) of re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -53,10 +53,15 @@ class JobRepository(SubmitRepository):
         events_topic: str,
         autocommit: AsyncEngine | None = None,
         topic_of: Callable[[str | None], str] | None = None,
+        dispatch_topics: Iterable[str] | None = None,
     ) -> None:
-        """``autocommit``, ``topic_of``: see ``SubmitRepository``."""
+        """``autocommit``, ``topic_of``, ``dispatch_topics``: see ``SubmitRepository``."""
         super().__init__(
-            engine, dispatch_topic=dispatch_topic, autocommit=autocommit, topic_of=topic_of
+            engine,
+            dispatch_topic=dispatch_topic,
+            autocommit=autocommit,
+            topic_of=topic_of,
+            dispatch_topics=dispatch_topics,
         )
         self._events_topic = events_topic
 

@@ -4,15 +4,19 @@ statement, and the answer to an idempotent replay."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC
 from typing import Any
 
 import uuid_utils
-from sqlalchemy import select, text, tuple_
+from sqlalchemy import BigInteger, column, select, text, tuple_
 from sqlalchemy.engine import Row
+from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from plumbing.at_once import AtOnce
+from plumbing.mark_store import MARKS, OutboxRow
+from plumbing.mark_store import params as marked
 from schemas.envelopes import DispatchEnvelope
 from schemas.errors import IdempotencyConflict, SluicegateError
 from schemas.jobs import Job, NewJob, estimate_tokens, job_from_row
@@ -26,8 +30,7 @@ Stored = tuple[Job, bool]
 # (tenant, idempotency key) is taken already is skipped, and so is its record (the join);
 # its answer is read after. Keyed rows go in key order, so that two groups that share keys
 # take their locks in the same order (no deadlock); the records go in submission order.
-_SUBMIT_GROUP = text(
-    """
+_SUBMIT_GROUP = """
 WITH given AS (
     SELECT * FROM unnest(
         CAST(:ids AS uuid[]), CAST(:tenants AS text[]), CAST(:kinds AS text[]),
@@ -51,22 +54,29 @@ WITH given AS (
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, deadline, created_at, updated_at, last_seen_at, attempt
 ), new_outbox AS (
-    INSERT INTO outbox (topic, key, payload)
-    SELECT given.topic, CAST(given.id AS text), given.payload
+    INSERT INTO outbox (topic, key, payload, publish_after)
+    SELECT given.topic, CAST(given.id AS text), given.payload,
+           now() + CAST(:grace_s AS float8) * interval '1 second'
     FROM given JOIN new_jobs ON new_jobs.id = given.id
     ORDER BY given.n
-    RETURNING 1
-)
-SELECT id, deadline, created_at, updated_at, last_seen_at, attempt FROM new_jobs
+    RETURNING id, key
+)MARKS
+SELECT new_jobs.id, deadline, created_at, updated_at, last_seen_at, attempt,
+       new_outbox.id AS outbox_id
+FROM new_jobs LEFT JOIN new_outbox ON new_outbox.key = CAST(new_jobs.id AS text)
 """
-).columns(
+_COLUMNS = (
     jobs.c.id,
     jobs.c.deadline,
     jobs.c.created_at,
     jobs.c.updated_at,
     jobs.c.last_seen_at,
     jobs.c.attempt,
+    column("outbox_id", BigInteger()),
 )
+# With the marks of the rows this API published at once (``plumbing.mark_store``).
+_SUBMIT_ALONE = text(_SUBMIT_GROUP.replace("MARKS", "")).columns(*_COLUMNS)
+_SUBMIT_MARKING = text(_SUBMIT_GROUP.replace("MARKS", f", {MARKS}")).columns(*_COLUMNS)
 
 
 def _json(value: dict[str, Any] | None) -> str | None:
@@ -143,14 +153,17 @@ class SubmitRepository:
         dispatch_topic: str,
         autocommit: AsyncEngine | None = None,
         topic_of: Callable[[str | None], str] | None = None,
+        dispatch_topics: Iterable[str] | None = None,
     ) -> None:
         """``autocommit``: an engine of autocommit connections for the submits (one
         statement each, its own transaction); by default, ``engine``'s connections, set to
-        autocommit when taken (their ping costs two round trips more). ``topic_of``: the
-        dispatch topic of a model's pool (by default ``dispatch_topic`` for every model)."""
+        autocommit when taken. ``topic_of``: the dispatch topic of a model's pool (by
+        default ``dispatch_topic`` for every model); ``dispatch_topics``: every pool's."""
         self._engine = engine
         self._autocommit = autocommit or engine.execution_options(isolation_level="AUTOCOMMIT")
         self._topic_of = topic_of or (lambda _model: dispatch_topic)
+        self._dispatch = frozenset(dispatch_topics or [dispatch_topic])
+        self.at_once: AtOnce | None = None  # publishes the dispatch records at once
 
     async def submit(self, new: NewJob) -> tuple[Job, bool]:
         """Store the job and its dispatch outbox row in one transaction.
@@ -172,7 +185,7 @@ class SubmitRepository:
         statement that fails stores none of them and raises.
         """
         ids = [new_job_id() for _ in group]
-        params = {
+        params: dict[str, Any] = {
             "ids": ids,
             "tenants": [n.tenant for n in group],
             "kinds": [n.kind.value for n in group],
@@ -189,12 +202,23 @@ class SubmitRepository:
             "payloads": [_dispatch(job_id, n) for job_id, n in zip(ids, group, strict=True)],
             "topics": [self._topic_of(n.model) for n in group],
         }
+        params["grace_s"] = self.at_once.grace_s if self.at_once is not None else None
         async with self._autocommit.connect() as conn:
             # One statement is its own transaction: its answer comes after its commit.
-            rows = (await conn.execute(_SUBMIT_GROUP, params)).all()
+            rows = await self._write(conn, params)
             created = {r.id: r for r in rows}
             missing = [n for job_id, n in zip(ids, group, strict=True) if job_id not in created]
             replayed = await self._replays(conn, missing) if missing else {}
+        if self.at_once is not None:
+            self.at_once.offer(
+                [
+                    OutboxRow(id=r.outbox_id, topic=topic, key=str(r.id), payload=payload)
+                    for job_id, topic, payload in zip(
+                        ids, params["topics"], params["payloads"], strict=True
+                    )
+                    if (r := created.get(job_id)) is not None
+                ]
+            )
         answers: list[Stored | SluicegateError] = []
         for job_id, new in zip(ids, group, strict=True):
             row = created.get(job_id)
@@ -203,6 +227,24 @@ class SubmitRepository:
             else:
                 answers.append(_replay(new, replayed.get((new.tenant, new.idempotency_key))))
         return answers
+
+    async def _write(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Row[Any]]:
+        """The group written, with the marks of the rows published at once since the last
+        statement. A statement that fails with marks (they may wait for a row a relay
+        holds) is written again without them, unless its connection broke (its outcome is
+        not known); the marks wait for the next."""
+        marks = self.at_once.take() if self.at_once is not None else []
+        if not marks:
+            return list((await conn.execute(_SUBMIT_ALONE, params)).all())
+        try:
+            found = await conn.execute(_SUBMIT_MARKING, {**params, **marked(marks, self._dispatch)})
+            return list(found.all())
+        except DBAPIError as exc:
+            assert self.at_once is not None
+            self.at_once.restore(marks)
+            if exc.connection_invalidated or isinstance(exc, InterfaceError):
+                raise
+        return list((await conn.execute(_SUBMIT_ALONE, params)).all())
 
     async def _replays(
         self, conn: AsyncConnection, group: Sequence[NewJob]

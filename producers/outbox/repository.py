@@ -13,6 +13,7 @@ from sqlalchemy import (
     and_,
     delete,
     exists,
+    func,
     insert,
     or_,
     select,

@@ -23,8 +23,8 @@ from tests.integration.rows import batch_of, job
 from tests.integration.serving import serve
 from workers.engines.sim.engine import SimEngine
 from workers.gate import PullGate
-from workers.presence import Presence
-from workers.presence_repository import PresenceRepository
+from workers.presence.report import Presence
+from workers.presence.repository import PresenceRepository
 
 NOW = datetime.now(UTC)
 

@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from workers.engines.base import InferenceEngine
 from workers.gate import PullGate
-from workers.presence_repository import PresenceRepository, WorkerReport
+from workers.presence.repository import PresenceRepository, WorkerReport
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,113 @@
+"""A job's end, written by the attempt that ran it: the terminal state and its event in one
+statement (one round trip, its own transaction), which also marks the events this worker
+published at once since its last statement (``plumbing.at_once``)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from plumbing.at_once import AtOnce
+from plumbing.mark_store import MARKS, OutboxRow
+from plumbing.mark_store import params as marked
+from schemas.envelopes import JobEvent
+from schemas.states import JobState
+from workers.repository import Claimed
+
+_FINISH = """
+WITH written AS (
+    UPDATE jobs SET state = :state, result = CAST(:result AS jsonb),
+                    error = CAST(:error AS jsonb), decoded_tokens = :decoded_tokens,
+                    finished_at = :at, updated_at = :at
+    WHERE id = CAST(:id AS uuid) AND state = 'running' AND attempt = :attempt
+    RETURNING id
+), announced AS (
+    INSERT INTO outbox (topic, key, payload, publish_after)
+    SELECT :topic, :key, :payload, now() + CAST(:grace_s AS float8) * interval '1 second'
+    FROM written
+    RETURNING id
+)MARKS
+SELECT (SELECT id FROM announced) AS event_id
+"""
+_ALONE = text(_FINISH.replace("MARKS", ""))
+_MARKING = text(_FINISH.replace("MARKS", f", {MARKS}"))
+
+
+class EndRepository:
+    def __init__(
+        self, engine: AsyncEngine, *, events_topic: str, at_once: AtOnce | None = None
+    ) -> None:
+        self._engine = engine
+        self._events_topic = events_topic
+        self.at_once = at_once  # publishes the events at once
+
+    async def finish(
+        self,
+        job: Claimed,
+        state: JobState,
+        *,
+        result: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        decoded_tokens: int | None = None,
+        at: datetime | None = None,
+    ) -> bool:
+        """Write the terminal state if this attempt still owns the job (fencing).
+
+        ``at`` is when the job ended (default: now). The job event goes into the outbox in
+        the same statement. Returns False when the job was cancelled meanwhile or a newer
+        attempt took it over.
+        """
+        if not state.terminal:
+            raise ValueError(f"{state} is not terminal")
+        now = at or datetime.now(UTC)
+        event = JobEvent(
+            job_id=job.id,
+            tenant=job.tenant,
+            state=state,
+            attempt=job.attempt,
+            at=now,
+            callback_url=job.callback_url,
+            error_code=(error or {}).get("code"),
+        )
+        payload = event.to_bytes()
+        params: dict[str, Any] = {
+            "id": job.id,
+            "attempt": job.attempt,
+            "state": state.value,
+            "result": json.dumps(result),
+            "error": json.dumps(error),
+            "decoded_tokens": decoded_tokens,
+            "at": now,
+            "topic": self._events_topic,
+            "key": job.id,
+            "payload": payload,
+            "grace_s": self.at_once.grace_s if self.at_once is not None else None,
+        }
+        event_id = await self._write(params)
+        if event_id is None:
+            return False
+        if self.at_once is not None:
+            self.at_once.offer(
+                [OutboxRow(id=event_id, topic=self._events_topic, key=job.id, payload=payload)]
+            )
+        return True
+
+    async def _write(self, params: dict[str, Any]) -> int | None:
+        """The statement, with the marks waiting (given back if it fails)."""
+        marks = self.at_once.take() if self.at_once is not None else []
+        async with self._engine.connect() as conn:
+            try:
+                if marks:
+                    found = await conn.scalar(_MARKING, {**params, **marked(marks, ())})
+                else:
+                    found = await conn.scalar(_ALONE, params)
+            except DBAPIError:
+                if self.at_once is not None:
+                    self.at_once.restore(marks)
+                raise
+        return None if found is None else int(found)

@@ -1,0 +1,1 @@
+"""A worker's row in ``workers``: what it reports (``report``) and its SQL (``repository``)."""
