@@ -1,14 +1,79 @@
-"""The dispatcher's batching without a timer: attempts recorded together (``Recorder``)."""
+"""The dispatcher's batching without a timer: events handed over in batches (``batched``)
+and attempts recorded together (``Recorder``)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
+import pytest
+
+from workers.webhooks.app import batched
 from workers.webhooks.attempt_repository import Attempted
 from workers.webhooks.claim_repository import Claimed
 from workers.webhooks.recorder import Recorder
 from workers.webhooks.retry import Answer, Outcome, Verdict
+
+
+async def fed(queue: asyncio.Queue[int | None]) -> AsyncIterator[int]:
+    while (item := await queue.get()) is not None:
+        yield item
+
+
+async def test_a_lone_item_is_written_at_once_and_a_burst_goes_in_one_write() -> None:
+    queue: asyncio.Queue[int | None] = asyncio.Queue()
+    writes: list[list[int]] = []
+    release = asyncio.Event()
+
+    async def write(batch: list[int]) -> None:
+        writes.append(batch)
+        await release.wait()
+
+    task = asyncio.create_task(batched(fed(queue), write))
+    queue.put_nowait(1)
+    async with asyncio.timeout(5):
+        while not writes:
+            await asyncio.sleep(0)
+    assert writes == [[1]]  # not held back for company
+    for item in (2, 3, 4):
+        queue.put_nowait(item)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert writes == [[1]]  # one write at a time
+    release.set()
+    queue.put_nowait(None)
+    async with asyncio.timeout(5):
+        await task
+    assert writes == [[1], [2, 3, 4]]
+
+
+async def test_at_most_so_many_go_in_a_write() -> None:
+    queue: asyncio.Queue[int | None] = asyncio.Queue()
+    for item in range(7):
+        queue.put_nowait(item)
+    queue.put_nowait(None)
+    writes: list[list[int]] = []
+
+    async def write(batch: list[int]) -> None:
+        writes.append(batch)
+        await asyncio.sleep(0.01)
+
+    async with asyncio.timeout(5):
+        await batched(fed(queue), write, most=3)
+    assert [i for w in writes for i in w] == list(range(7))
+    assert max(len(w) for w in writes) <= 3
+
+
+async def test_a_failed_write_raises() -> None:
+    queue: asyncio.Queue[int | None] = asyncio.Queue()
+    queue.put_nowait(1)
+
+    async def write(batch: list[int]) -> None:
+        raise RuntimeError("database gone")
+
+    with pytest.raises(RuntimeError, match="database gone"):
+        async with asyncio.timeout(5):
+            await batched(fed(queue), write)
 
 
 def attempted(delivery_id: str) -> Attempted:

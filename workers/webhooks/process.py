@@ -62,7 +62,7 @@ async def run_webhooks(settings: Settings, stop: asyncio.Event) -> None:
         url, WEBHOOKS_CHANNEL, on_notice=dispatcher.notified, on_connect=dispatcher.wake
     )
     handler = EventHandler(
-        DeliveryRepository(db, dead_letter_topic=settings.dead_letter_topic),
+        DeliveryRepository(db, dead_letter_topic=settings.dead_letter_topic, tag=tag),
         dispatcher,
         schedule=schedule,
         uniform=rng.uniform,
