@@ -1,5 +1,11 @@
 """The webhook dispatcher's faust-streaming app: one agent over the job-events topic that
-hands each record to a handler (``workers/webhooks/events.py``), and running it until a stop.
+hands its records to a handler (``workers/webhooks/events.py``) in batches, and running it
+until a stop.
+
+The batches need no timer: the agent hands over a record as soon as it comes, and the
+records that come while the handler is busy go together in its next call (``batched``). A
+lone event is not held back, a burst is one call, and an idle agent does nothing. A record
+is acknowledged (its offset may be committed) only once the call that had it returned.
 
 The app keeps no tables and declares no topics: it needs only a consumer group, which is
 why it runs on the Tansu fallback broker as on Apache Kafka.
@@ -8,19 +14,61 @@ why it runs on the Tansu fallback broker as on Apache Kafka.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import faust
 
 from plumbing.kafka import ensure_topics
 from plumbing.settings.kafka import KafkaSettings
 from plumbing.settings.webhooks import WebhookSettings
+from workers.webhooks.events import Record
 
-# One record of the events topic: topic, partition, offset, value.
-Handler = Callable[[str, int, int, bytes], Awaitable[None]]
+# The records the agent took together; they are acknowledged once it returns.
+Handler = Callable[[Sequence[Record]], Awaitable[None]]
+
+# The most records in one call of the handler.
+BATCH_MAX = 500
+
+T = TypeVar("T")
+
+
+async def batched(
+    items: AsyncIterator[T], write: Callable[[list[T]], Awaitable[None]], most: int = BATCH_MAX
+) -> None:
+    """Pull ``items`` and ``write`` them: a write starts as soon as an item comes and no
+    write is running, with every item that came meanwhile (at most ``most``). Pulling stops
+    while ``most`` wait. A failed write raises here; the items it had are not written."""
+    waiting: list[T] = []
+    pulling: asyncio.Future[T] | None = None
+    writing: asyncio.Future[None] | None = None
+    ended = False
+    try:
+        while not ended or waiting or writing is not None:
+            if pulling is None and not ended and len(waiting) < most:
+                pulling = asyncio.ensure_future(anext(items))
+            if writing is None and waiting:
+                batch, waiting = waiting[:most], waiting[most:]
+                writing = asyncio.ensure_future(write(batch))
+            running = [f for f in (pulling, writing) if f is not None]
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            if writing is not None and writing in done:
+                wrote = writing
+                writing = None
+                wrote.result()
+            if pulling is not None and pulling in done:
+                pulled = pulling
+                pulling = None
+                try:
+                    waiting.append(pulled.result())
+                except StopAsyncIteration:
+                    ended = True
+    finally:
+        for future in (pulling, writing):
+            if future is not None:
+                future.cancel()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,9 +102,24 @@ def build_app(c: Consuming, handle: Handler) -> Any:
     topic = app.topic(c.kafka.events_topic, value_type=bytes, value_serializer="raw")
 
     async def agent(stream: Any) -> None:
-        async for event in stream.events():
-            message = event.message
-            await handle(message.topic, message.partition, message.offset, event.value)
+        manual = stream.noack()  # acknowledged by ``write``, once handled
+
+        async def write(events: list[Any]) -> None:
+            await handle(
+                [
+                    Record(
+                        topic=e.message.topic,
+                        partition=e.message.partition,
+                        offset=e.message.offset,
+                        value=e.value,
+                    )
+                    for e in events
+                ]
+            )
+            for event in events:
+                await manual.ack(event)
+
+        await batched(manual.events(), write)
 
     app.agent(topic, name="webhooks.job_events")(agent)
     return app

@@ -1,20 +1,20 @@
-"""The webhook dispatcher's SQL for sending: claim due deliveries, record attempts, give up.
+"""The webhook dispatcher's SQL for what an attempt did: record it, and give deliveries up.
 
-The dispatcher claims due rows with ``FOR UPDATE SKIP LOCKED`` and leases them
-(``next_attempt_at`` moves past the attempt's time limit, so a dispatcher that dies
-mid-attempt leaves a row that comes due again); each attempt is recorded and its verdict
-applied in one transaction, fenced by the attempt number. A dead delivery gets a
-``dead_letters`` row and a dead-letter record in the outbox, in the same transaction.
+Attempts that delivered or will be retried are recorded together, each attempt's row and
+its delivery's new state in one statement (``record``), fenced by the attempt number. A
+delivery given up (its last attempt failed, its address was refused, its endpoint answered
+410 or was disabled before) takes a transaction: the attempt, the delivery's row, a
+``dead_letters`` row and a dead-letter record in the outbox, all or nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, extract, func, insert, select, tuple_, update
+from sqlalchemy import ColumnElement, and_, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -25,22 +25,48 @@ from schemas.tables import (
     webhook_attempts,
     webhook_deliveries,
     webhook_endpoints,
-    webhook_secrets,
 )
 from schemas.webhooks import (
     DEAD_LETTER_SOURCE,
-    Delivery,
     DeliveryState,
     WebhookDeadLetter,
     delivery_from_row,
 )
-from workers.webhooks.delivery_repository import after
+from workers.webhooks.claim_repository import Claimed
 from workers.webhooks.retry import Answer, Outcome, Verdict
 
 _PENDING = DeliveryState.PENDING.value
 ENDPOINT_DISABLED = "endpoint disabled (it answered 410 Gone)"
 
-Endpoint = tuple[str, str]  # (tenant, url)
+# Attempts and their verdicts (delivered, or retried after ``wait_s``): every attempt is
+# logged; a delivery's row changes only while it is still that attempt's (pending, and
+# ``attempts`` its number). The ids of the deliveries that changed.
+_RECORD = text(
+    """
+WITH given AS (
+    SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:attempts AS int[]),
+                         CAST(:statuses AS int[]), CAST(:errors AS text[]),
+                         CAST(:durations AS float8[]), CAST(:delivered AS boolean[]),
+                         CAST(:waits AS float8[]))
+        AS g(id, attempt, status, error, duration_ms, delivered, wait_s)
+), logged AS (
+    INSERT INTO webhook_attempts (delivery_id, attempt, status_code, error, duration_ms)
+    SELECT id, attempt, status, error, duration_ms FROM given
+), applied AS (
+    UPDATE webhook_deliveries d
+    SET state = CASE WHEN g.delivered THEN 'delivered' ELSE d.state END,
+        finished_at = CASE WHEN g.delivered THEN now() ELSE d.finished_at END,
+        next_attempt_at = CASE WHEN g.delivered THEN d.next_attempt_at
+                               ELSE now() + make_interval(secs => g.wait_s) END,
+        last_status = g.status,
+        last_error = g.error
+    FROM given g
+    WHERE d.id = g.id AND d.state = 'pending' AND d.attempts = g.attempt
+    RETURNING d.id
+)
+SELECT id FROM applied
+"""
+)
 
 
 @dataclass(frozen=True)
@@ -50,46 +76,12 @@ class Recorded:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Claimed:
-    """A delivery leased to this dispatcher for one attempt."""
+class Attempted:
+    """An attempt that delivered or is to be retried, and what it did."""
 
-    id: str
-    tenant: str
-    url: str
-    subject: str
-    event_type: str
-    body: str
-    attempt: int  # this attempt's number, 1-based
-
-    @property
-    def endpoint(self) -> Endpoint:
-        return (self.tenant, self.url)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Claim:
-    claimed: list[Claimed]
-    dead: int  # deliveries to disabled endpoints, dead-lettered without an attempt
-
-
-def _due(exclude: Collection[Endpoint]) -> ColumnElement[bool]:
-    pending = webhook_deliveries.c.state == _PENDING
-    if not exclude:
-        return pending
-    key = tuple_(webhook_deliveries.c.tenant, webhook_deliveries.c.url)
-    return and_(pending, key.not_in(list(exclude)))
-
-
-def _claimed(delivery: Delivery, attempt: int) -> Claimed:
-    return Claimed(
-        id=delivery.id,
-        tenant=delivery.tenant,
-        url=delivery.url,
-        subject=delivery.subject,
-        event_type=delivery.event_type,
-        body=delivery.body,
-        attempt=attempt,
-    )
+    claimed: Claimed
+    answer: Answer
+    verdict: Verdict
 
 
 class AttemptRepository:
@@ -97,93 +89,28 @@ class AttemptRepository:
         self._engine = engine
         self._dead_letter_topic = dead_letter_topic
 
-    async def claim(
-        self,
-        *,
-        limit: int,
-        per_endpoint: int,
-        busy: Mapping[Endpoint, int],
-        lease_s: float,
-    ) -> Claim:
-        """Lease up to ``limit`` due deliveries, at most ``per_endpoint`` in flight to an
-        endpoint (``busy``: those in flight here). Deliveries to a disabled endpoint are
-        dead-lettered on the way."""
-        full = [e for e, n in busy.items() if n >= per_endpoint]
-        async with transaction(self._engine) as conn:
-            rows = (
-                (
-                    await conn.execute(
-                        select(webhook_deliveries)
-                        .where(_due(full), webhook_deliveries.c.next_attempt_at <= func.now())
-                        .order_by(webhook_deliveries.c.next_attempt_at)
-                        .limit(limit)
-                        .with_for_update(skip_locked=True)
-                    )
-                )
-                .mappings()
-                .all()
-            )
-            if not rows:
-                return Claim(claimed=[], dead=0)
-            due = [delivery_from_row(r) for r in rows]
-            found = await conn.execute(
-                select(webhook_endpoints.c.tenant, webhook_endpoints.c.url).where(
-                    tuple_(webhook_endpoints.c.tenant, webhook_endpoints.c.url).in_(
-                        list({d.endpoint for d in due})
-                    )
-                )
-            )
-            disabled = {(r.tenant, r.url) for r in found}
-            taken: list[Delivery] = []
-            dead = 0
-            load = dict(busy)
-            for delivery in due:
-                endpoint = delivery.endpoint
-                if endpoint in disabled:
-                    dead += await self._dead(conn, delivery.id, None, ENDPOINT_DISABLED)
-                elif load.get(endpoint, 0) < per_endpoint:
-                    load[endpoint] = load.get(endpoint, 0) + 1
-                    taken.append(delivery)
-            if not taken:
-                return Claim(claimed=[], dead=dead)
-            leased = await conn.execute(
-                update(webhook_deliveries)
-                .where(webhook_deliveries.c.id.in_([d.id for d in taken]))
-                .values(attempts=webhook_deliveries.c.attempts + 1, next_attempt_at=after(lease_s))
-                .returning(webhook_deliveries.c.id, webhook_deliveries.c.attempts)
-            )
-            attempts: dict[str, int] = {r.id: r.attempts for r in leased}
-        return Claim(claimed=[_claimed(d, attempts[d.id]) for d in taken], dead=dead)
-
-    async def seconds_until_due(self, exclude: Collection[Endpoint]) -> float | None:
-        """Until the next pending delivery to an endpoint not in ``exclude`` comes due, by
-        the database's clock (negative: overdue); None when there is none."""
+    async def record(self, done: Sequence[Attempted]) -> set[str]:
+        """Record attempts that delivered or are retried, in one statement. The ids of the
+        deliveries still theirs (the others' lease ran out and another attempt took them,
+        or their endpoint was disabled meanwhile: the attempt is logged all the same)."""
         async with self._engine.connect() as conn:
-            until = await conn.scalar(
-                select(
-                    extract("epoch", func.min(webhook_deliveries.c.next_attempt_at) - func.now())
-                ).where(_due(exclude))
+            result = await conn.execute(
+                _RECORD,
+                {
+                    "ids": [a.claimed.id for a in done],
+                    "attempts": [a.claimed.attempt for a in done],
+                    "statuses": [a.answer.status for a in done],
+                    "errors": [a.answer.error for a in done],
+                    "durations": [a.answer.duration_ms for a in done],
+                    "delivered": [a.verdict.outcome is Outcome.DELIVERED for a in done],
+                    "waits": [a.verdict.wait_s for a in done],
+                },
             )
-        return float(until) if until is not None else None
+            return {r.id for r in result}
 
-    async def secrets(self, tenant: str) -> list[str]:
-        """The tenant's secrets that sign now, oldest first."""
-        async with self._engine.connect() as conn:
-            rows = await conn.scalars(
-                select(webhook_secrets.c.secret)
-                .where(
-                    webhook_secrets.c.tenant == tenant,
-                    (webhook_secrets.c.expires_at.is_(None))
-                    | (webhook_secrets.c.expires_at > func.now()),
-                )
-                .order_by(webhook_secrets.c.id)
-            )
-            return list(rows)
-
-    async def record(self, claimed: Claimed, answer: Answer, verdict: Verdict) -> Recorded:
-        """Record the attempt and apply its verdict. ``owned`` is False when the delivery was
-        no longer this attempt's (its lease ran out and another attempt took it, or its
-        endpoint was disabled meanwhile): the attempt is recorded all the same.
+    async def give_up(self, claimed: Claimed, answer: Answer, verdict: Verdict) -> Recorded:
+        """Record an attempt after which the delivery is given up (``verdict``: DEAD or
+        GONE). ``owned`` is False when the delivery was no longer this attempt's.
         ``disabled``: the other pending deliveries a 410 dead-lettered with it."""
         async with transaction(self._engine) as conn:
             await conn.execute(
@@ -201,20 +128,6 @@ class AttemptRepository:
                 webhook_deliveries.c.attempts == claimed.attempt,
             )
             base = {"last_status": answer.status, "last_error": answer.error}
-            if verdict.outcome is Outcome.DELIVERED:
-                result = await conn.execute(
-                    update(webhook_deliveries)
-                    .where(owned)
-                    .values(state=DeliveryState.DELIVERED.value, finished_at=func.now(), **base)
-                )
-                return Recorded(owned=bool(result.rowcount))
-            if verdict.outcome is Outcome.RETRY:
-                result = await conn.execute(
-                    update(webhook_deliveries)
-                    .where(owned)
-                    .values(next_attempt_at=after(verdict.wait_s), **base)
-                )
-                return Recorded(owned=bool(result.rowcount))
             reason = verdict.reason or "given up"
             if verdict.outcome is Outcome.GONE:
                 await conn.execute(
@@ -239,6 +152,15 @@ class AttemptRepository:
                 for other in list(others):
                     disabled += await self._dead(conn, other, None, ENDPOINT_DISABLED)
             return Recorded(owned=bool(owned_now), disabled=disabled)
+
+    async def give_up_disabled(self, delivery_ids: Sequence[str]) -> int:
+        """Give up deliveries to an endpoint disabled by a 410, without an attempt; how
+        many were still pending."""
+        async with transaction(self._engine) as conn:
+            dead = 0
+            for delivery_id in sorted(delivery_ids):  # one lock order
+                dead += await self._dead(conn, delivery_id, None, ENDPOINT_DISABLED)
+            return dead
 
     async def _dead(
         self,

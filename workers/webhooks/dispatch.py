@@ -3,8 +3,11 @@ each attempt and schedule the next.
 
 Nothing here sleeps on a delivery: a retry is a row whose ``next_attempt_at`` lies ahead,
 so a delivery waiting hours for its next attempt holds neither a task nor an endpoint's
-slot. The loop waits for the first of: a NOTIFY that a delivery was made, an attempt
-finishing (a slot freed), the next due row's time, or the stop event.
+slot. A claim is one statement, which also says when the next delivery comes due; the loop
+then sleeps, without a statement, until the first of: that time, a delivery made here or
+announced by NOTIFY (another dispatcher's, a redelivery), a retry recorded here coming due,
+an attempt finishing while the dispatcher or its endpoint was full (a slot freed), or the
+stop event. An idle dispatcher runs no statement.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from plumbing.retry import Stopped, outage, retrying
 from plumbing.retry import count as count_retry
 from schemas.constants import M_DEAD_LETTERED
 from schemas.webhooks import DEAD_LETTER_SOURCE, M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED
-from workers.webhooks.attempt_repository import AttemptRepository, Claimed, Endpoint
+from workers.webhooks.attempt_repository import Attempted, AttemptRepository, Recorded
+from workers.webhooks.claim_repository import Claimed, ClaimRepository, Endpoint
 from workers.webhooks.http import WebhookClient
-from workers.webhooks.retry import Answer, Outcome, RetrySchedule, Uniform, judge
+from workers.webhooks.recorder import Recorder
+from workers.webhooks.retry import Answer, Outcome, RetrySchedule, Uniform, Verdict, judge
 from workers.webhooks.signing import signed_headers
 
 log = logging.getLogger(__name__)
@@ -61,7 +66,8 @@ NO_SECRET = "no signing secret: create one with POST /v1/webhooks/secrets"
 class Dispatcher:
     def __init__(
         self,
-        repo: AttemptRepository,
+        claims: ClaimRepository,
+        attempts: AttemptRepository,
         client: WebhookClient,
         *,
         schedule: RetrySchedule,
@@ -69,55 +75,100 @@ class Dispatcher:
         timeout_s: float,
         max_in_flight: int,
         per_endpoint: int,
+        tag: str = "",
     ) -> None:
-        self._repo = repo
+        self._claims = claims
+        self._attempts = attempts
+        self._recorder = Recorder(attempts.record)
         self._client = client
         self._schedule = schedule
         self._uniform = uniform
         self._timeout_s = timeout_s
+        self._lease_s = timeout_s + LEASE_MARGIN_S
         self._max_in_flight = max_in_flight
         self._per_endpoint = per_endpoint
+        self._tag = tag  # the NOTIFY payload of this dispatcher's own new deliveries
         self._wake = asyncio.Event()
+        self._claim_now = True
+        self._due_at: float | None = None  # loop time of the next claim, None: when woken
         self._busy: Counter[Endpoint] = Counter()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def wake(self) -> None:
+        """Claim at once: something may have come due."""
+        self._claim_now = True
         self._wake.set()
 
+    def notified(self, payload: str) -> None:
+        """A NOTIFY on the webhooks channel: a delivery made or revived elsewhere (this
+        dispatcher's own, tagged, were seen to when they were made)."""
+        if payload != self._tag:
+            self.wake()
+
+    def due_in(self, seconds: float) -> None:
+        """A delivery comes due in ``seconds``: claim then (at once when it is due)."""
+        if seconds <= 0:
+            self.wake()
+            return
+        at = asyncio.get_running_loop().time() + seconds
+        if self._due_at is None or at < self._due_at:
+            self._due_at = at
+            self._wake.set()
+
     async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
                 self._wake.clear()
-                try:
-                    wait = await retrying("webhook_claim", self._round, stop=stop, transient=outage)
-                except Stopped:
-                    break
-                if wait is None or wait > 0:
-                    await wait_first(stop, self._wake, limit_s=wait)
+                due_at = self._due_at
+                if self._claim_now or (due_at is not None and due_at <= loop.time()):
+                    self._claim_now = False
+                    self._due_at = None  # the claim says when next; due_in() lowers it
+                    try:
+                        wait = await retrying(
+                            "webhook_claim", self._round, stop=stop, transient=outage
+                        )
+                    except Stopped:
+                        break
+                    if wait is not None:
+                        self.due_in(wait)
+                    continue
+                limit = None if due_at is None else due_at - loop.time()
+                await wait_first(stop, self._wake, limit_s=limit)
         finally:
             await self._drain()
 
     async def _round(self) -> float | None:
-        """Claim and start what is due; how long to wait before looking again (0: at once,
-        None: until woken)."""
+        """Claim and start what is due; how long until the next claim (0: at once, None:
+        until woken)."""
         free = self._max_in_flight - len(self._tasks)
         if free <= 0:
             return None  # an attempt that ends wakes the loop
-        claim = await self._repo.claim(
-            limit=free,
-            per_endpoint=self._per_endpoint,
-            busy=self._busy,
-            lease_s=self._timeout_s + LEASE_MARGIN_S,
+        claim = await self._claims.claim(
+            limit=free, per_endpoint=self._per_endpoint, busy=self._busy, lease_s=self._lease_s
         )
         for claimed in claim.claimed:
             self._start(claimed)
-        if claim.dead:
-            _disabled(claim.dead)
-        if claim.claimed or claim.dead:
-            return 0.0
-        full = [e for e, n in self._busy.items() if n >= self._per_endpoint]
-        until = await self._repo.seconds_until_due(full)
-        return None if until is None else max(until, MIN_WAIT_S)
+        if claim.disabled:
+            await self._give_up_disabled(claim.disabled)
+        if len(claim.claimed) >= free:
+            return None  # full: an attempt that ends wakes the loop
+        if claim.wait_s is None or claim.wait_s > 0:
+            return claim.wait_s
+        # Due now: more than one claim takes, or locked by another dispatcher.
+        return 0.0 if claim.claimed or claim.disabled else MIN_WAIT_S
+
+    async def _give_up_disabled(self, ids: list[str]) -> None:
+        try:
+            dead = await self._attempts.give_up_disabled(ids)
+        except Exception as exc:
+            # Still leased: they come due again when the lease runs out.
+            count_retry("webhook_record", exc)
+            log.warning("webhooks: %d deliveries to disabled endpoints kept: %r", len(ids), exc)
+            self.due_in(self._lease_s)
+            return
+        if dead:
+            _disabled(dead)
 
     def _start(self, claimed: Claimed) -> None:
         self._busy[claimed.endpoint] += 1
@@ -131,29 +182,36 @@ class Dispatcher:
         task.add_done_callback(done)
 
     def _done(self, task: asyncio.Task[None], endpoint: Endpoint) -> None:
+        """A slot is free: claim again if the claims were held back for want of one."""
+        full = len(self._tasks) >= self._max_in_flight or self._busy[endpoint] >= self._per_endpoint
         self._tasks.discard(task)
         self._busy[endpoint] -= 1
         if self._busy[endpoint] <= 0:
             del self._busy[endpoint]
-        self._wake.set()
+        if full:
+            self.wake()
 
     async def _attempt(self, claimed: Claimed) -> None:
         """One attempt. A failure to record it leaves the row leased: it comes due again
         when the lease runs out, with the same webhook-id."""
+        leased_for = self._lease_s
+        started = asyncio.get_running_loop().time()
         try:
             answer = await self._send(claimed)
             verdict = judge(answer, claimed.attempt, self._schedule, self._uniform)
-            recorded = await asyncio.shield(self._repo.record(claimed, answer, verdict))
+            recorded = await self._record(claimed, answer, verdict)
         except Exception as exc:
-            # The row stays leased and comes due again when the lease runs out.
             if count_retry("webhook_record", exc) is None:
                 log.exception("webhooks: attempt %d of %s failed", claimed.attempt, claimed.id)
             else:
                 log.warning(
                     "webhooks: attempt %d of %s not recorded: %r", claimed.attempt, claimed.id, exc
                 )
+            self.due_in(started + leased_for - asyncio.get_running_loop().time())
             return
         ATTEMPTS.labels(outcome=verdict.outcome.value).inc()
+        if recorded.owned and verdict.outcome is Outcome.RETRY:
+            self.due_in(verdict.wait_s)
         if recorded.owned and verdict.outcome is not Outcome.RETRY:
             state = "delivered" if verdict.outcome is Outcome.DELIVERED else "dead"
             FINISHED.labels(state=state).inc()
@@ -170,11 +228,18 @@ class Dispatcher:
             verdict.outcome.value,
         )
 
+    async def _record(self, claimed: Claimed, answer: Answer, verdict: Verdict) -> Recorded:
+        """Delivered and retried attempts are written together (``Recorder``); one after
+        which the delivery is given up takes its own transaction."""
+        if verdict.outcome in (Outcome.DELIVERED, Outcome.RETRY):
+            attempted = Attempted(claimed=claimed, answer=answer, verdict=verdict)
+            return Recorded(owned=await self._recorder.record(attempted))
+        return await asyncio.shield(self._attempts.give_up(claimed, answer, verdict))
+
     async def _send(self, claimed: Claimed) -> Answer:
-        secrets = await self._repo.secrets(claimed.tenant)
-        if not secrets:
+        if not claimed.secrets:
             return Answer(status=None, error=NO_SECRET)
-        headers = signed_headers(claimed.id, claimed.body, secrets, datetime.now(UTC))
+        headers = signed_headers(claimed.id, claimed.body, claimed.secrets, datetime.now(UTC))
         return await self._client.post(claimed.url, claimed.body.encode("utf-8"), headers)
 
     async def _drain(self) -> None:

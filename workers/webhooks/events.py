@@ -1,14 +1,17 @@
-"""Terminal job events to webhook delivery rows.
+"""Terminal job events to webhook delivery rows, a batch of events at a time.
 
-Each terminal job event becomes delivery rows (``DeliveryRepository.enqueue``: the job's
+Each terminal job event calls for delivery rows (``DeliveryRepository.enqueue``: the job's
 own when it has a ``callback_url``, its batch's when it was the batch's last job to end). A
 row is unique per subject and event, so an event consumed twice (at-least-once) makes one
-delivery sequence; the delivery loop (``workers/webhooks/dispatch.py``) sends them.
+delivery sequence; the delivery loop (``workers/webhooks/dispatch.py``) sends them. The
+events the faust agent took together are written together: one read and one insert.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -21,9 +24,19 @@ from workers.webhooks.retry import RetrySchedule, Uniform
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """One record of the events topic."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+
+
 class EventHandler:
-    """Terminal job events to delivery rows; a database error is retried (the event is
-    not acknowledged until its rows are written)."""
+    """Terminal job events to delivery rows; a database error is retried (the events are
+    not acknowledged until their rows are written)."""
 
     def __init__(
         self,
@@ -38,25 +51,36 @@ class EventHandler:
         self._schedule = schedule
         self._uniform = uniform
 
-    async def __call__(self, topic: str, partition: int, offset: int, value: bytes) -> None:
-        """Handle one event, until the database takes it (the agent's offset is committed
-        only after it)."""
+    async def __call__(self, records: Sequence[Record]) -> None:
+        """Handle a batch of records, until the database takes them (the agent's offsets
+        are committed only after it)."""
+        ended: dict[str, None] = {}  # terminal jobs, in order, once each
+        for record in records:
+            try:
+                event = JobEvent.model_validate_json(record.value)
+            except ValidationError:
+                await self._poison(record)
+                continue
+            if event.state.terminal:
+                ended[event.job_id] = None
+        if not ended:
+            return
+        ids = list(ended)
+        waits = [self._schedule.wait_before(1, self._uniform) for _ in ids]
+        made = await retrying(
+            "webhook_enqueue", lambda: self._repo.enqueue(ids, waits), transient=outage
+        )
+        if made.ids:
+            self._dispatcher.due_in(min(made.waits_s))
+
+    async def _poison(self, record: Record) -> None:
+        r = record
+        log.error("webhooks: %s@%d:%d is not a job event", r.topic, r.partition, r.offset)
         await retrying(
             "webhook_enqueue",
-            lambda: self._handle(topic, partition, offset, value),
+            lambda: self._repo.poison(
+                topic=r.topic, partition=r.partition, offset=r.offset, payload=r.value
+            ),
             transient=outage,
         )
-
-    async def _handle(self, topic: str, partition: int, offset: int, value: bytes) -> None:
-        try:
-            event = JobEvent.model_validate_json(value)
-        except ValidationError:
-            log.error("webhooks: %s@%d:%d is not a job event", topic, partition, offset)
-            await self._repo.poison(topic=topic, partition=partition, offset=offset, payload=value)
-            DEAD_LETTERED.labels(source="events", reason="invalid_event").inc()
-            return
-        if not event.state.terminal:
-            return
-        first_wait_s = self._schedule.wait_before(1, self._uniform)
-        if await self._repo.enqueue(event.job_id, first_wait_s=first_wait_s):
-            self._dispatcher.wake()
+        DEAD_LETTERED.labels(source="events", reason="invalid_event").inc()

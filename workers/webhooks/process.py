@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import uuid
 
 from plumbing.db import make_engine
 from plumbing.metrics import serve as serve_metrics
@@ -17,6 +18,7 @@ from plumbing.settings import Settings
 from schemas.webhooks import WEBHOOKS_CHANNEL
 from workers.webhooks.app import Consuming, consume
 from workers.webhooks.attempt_repository import AttemptRepository
+from workers.webhooks.claim_repository import ClaimRepository
 from workers.webhooks.delivery_repository import DeliveryRepository
 from workers.webhooks.dispatch import Dispatcher
 from workers.webhooks.events import EventHandler
@@ -42,7 +44,11 @@ async def run_webhooks(settings: Settings, stop: asyncio.Event) -> None:
         policy=AddressPolicy(allow=settings.webhook_allow_networks),
         timeout_s=settings.webhook_timeout_s,
     )
+    # The NOTIFY payload of the deliveries made here: this dispatcher claims them at once,
+    # the others are woken by it.
+    tag = f"dispatcher {uuid.uuid4().hex}"
     dispatcher = Dispatcher(
+        ClaimRepository(db),
         AttemptRepository(db, dead_letter_topic=settings.dead_letter_topic),
         client,
         schedule=schedule,
@@ -50,12 +56,13 @@ async def run_webhooks(settings: Settings, stop: asyncio.Event) -> None:
         timeout_s=settings.webhook_timeout_s,
         max_in_flight=settings.webhook_max_in_flight,
         per_endpoint=settings.webhook_max_in_flight_per_endpoint,
+        tag=tag,
     )
     listener = Listener(
-        url, WEBHOOKS_CHANNEL, on_notice=lambda _: dispatcher.wake(), on_connect=dispatcher.wake
+        url, WEBHOOKS_CHANNEL, on_notice=dispatcher.notified, on_connect=dispatcher.wake
     )
     handler = EventHandler(
-        DeliveryRepository(db, dead_letter_topic=settings.dead_letter_topic),
+        DeliveryRepository(db, dead_letter_topic=settings.dead_letter_topic, tag=tag),
         dispatcher,
         schedule=schedule,
         uniform=rng.uniform,
