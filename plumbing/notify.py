@@ -77,9 +77,9 @@ class Listener:
                 return
             try:
                 conn.add_termination_listener(lambda _, lost=lost: lost.set())
-                await conn.add_listener(self._channel, self._notified)
                 for channel, handler in self._also.items():
                     await conn.add_listener(channel, _handler(handler))
+                await conn.add_listener(self._channel, self._notified)  # its own last
                 self.connected.set()
                 if self._on_connect is not None:
                     self._on_connect()

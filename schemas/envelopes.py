@@ -50,6 +50,10 @@ class JobEvent(Envelope):
     at: datetime
     callback_url: str | None = None
     error_code: str | None = None
+    # Whether the job is one of a batch (None: its writer did not say). A terminal event of
+    # a job with no callback_url and in no batch calls for no delivery: the webhook
+    # dispatcher need not read the job.
+    in_batch: bool | None = None
 
 
 class DeadRecord(Envelope):

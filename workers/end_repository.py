@@ -73,6 +73,7 @@ class EndRepository:
             at=now,
             callback_url=job.callback_url,
             error_code=(error or {}).get("code"),
+            in_batch=job.in_batch,
         )
         payload = event.to_bytes()
         params: dict[str, Any] = {

@@ -40,6 +40,7 @@ class Claimed:
     attempt: int
     callback_url: str | None
     abandon_after_s: float | None = None  # the caller's heartbeat lease
+    in_batch: bool | None = None  # one of a batch's jobs (None: not known)
     prompt_tokens: int = 0
     sampling: SamplingParams | None = None  # the request's model and sampling parameters
 
@@ -68,6 +69,7 @@ _CLAIM_COLUMNS = (
     jobs.c.last_seen_at,
     jobs.c.error,
     jobs.c.params,
+    jobs.c.batch_id,
 )
 
 
@@ -319,6 +321,7 @@ def _claimed(row: Mapping[Any, Any], prompt_tokens: int, attempt: int) -> Claime
         attempt=attempt,
         callback_url=row["callback_url"],
         abandon_after_s=row["abandon_after_s"],
+        in_batch=row["batch_id"] is not None,
         prompt_tokens=prompt_tokens,
         sampling=SamplingParams.from_stored(row["params"]),
     )
@@ -341,5 +344,6 @@ def _event(
         at=at,
         callback_url=row["callback_url"],
         error_code=error.get("code"),
+        in_batch=row["batch_id"] is not None,
     )
     return event.outbox_row(topic, event.job_id)

@@ -35,8 +35,15 @@ STOPPED_S = 20.0  # over the send timeout, the producer's close grace (5 s) and 
 async def test_the_broker_stopped_past_the_delivery_timeout(
     settings: Settings, db: AsyncEngine, broker: ApacheKafka, tmp_path: Path, how: str
 ) -> None:
+    # The relay publishes every row (no publishing at once): its delivery timeout is what
+    # this tests. A row the API failed to publish at once is the relay's after its grace
+    # (tests/integration/test_publish_at_once.py).
     own = on_broker(settings, broker).model_copy(
-        update={"reconcile_interval_s": 1.0, "relay_send_timeout_s": SEND_TIMEOUT_S}
+        update={
+            "reconcile_interval_s": 1.0,
+            "relay_send_timeout_s": SEND_TIMEOUT_S,
+            "publish_at_once": False,
+        }
     )
     await ensure_topics(broker.bootstrap, own.topic_partitions())
     job = {"input": DOC, "max_tokens": 200, "ttl_s": 900}

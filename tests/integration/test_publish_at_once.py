@@ -16,13 +16,17 @@ from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.at_once import AtOnce, at_once_of
+from plumbing.mark_store import marker
+from plumbing.metrics import registry
 from plumbing.publisher import Publisher, Target
 from plumbing.settings import Settings
 from producers.jobs.submit_repository import SubmitRepository
 from producers.outbox.repository import OutboxStore
+from schemas.constants import M_AT_ONCE
 from schemas.jobs import JobKind, NewJob, Priority
 from schemas.states import JobState
 from schemas.tables import jobs, outbox, partition_ends
+from sluicegate.local.embedded import free_port
 from tests.integration.rows import job
 from workers.end_repository import EndRepository
 from workers.repository import Claimed
@@ -78,6 +82,11 @@ async def records(bootstrap: str, topic: str, count: int) -> list[tuple[int, int
     finally:
         await consumer.stop()
     return found
+
+
+def left_to_relay() -> float:
+    found = registry("api").get_sample_value(M_AT_ONCE, {"outcome": "left_to_relay"})
+    return found or 0.0
 
 
 async def unpublished(db: AsyncEngine) -> int:
@@ -180,3 +189,41 @@ async def test_a_workers_job_event_is_published_at_once_and_marked_alone(
                 await asyncio.sleep(0.02)
     sent = await records(tuned.require_kafka(), tuned.events_topic, 1)
     assert [k.decode() for _, _, k in sent] == [row["id"]]
+
+
+async def test_a_row_not_sent_at_once_is_left_to_the_relay(
+    settings: Settings, db: AsyncEngine
+) -> None:
+    """Its writer's broker unreachable: the send fails, the row is counted as left to the
+    relay, which publishes it once its grace has passed."""
+    tuned = settings.model_copy(update={"publish_at_once_grace_s": 2.0})
+    dispatch = frozenset([tuned.dispatch_topic])
+    gone = Target(
+        bootstrap=f"127.0.0.1:{free_port()}",
+        topics=tuned.topic_partitions(),
+        dispatch_topics=dispatch,
+    )
+    repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic)
+    repo.at_once = AtOnce(gone, flush=marker(db, dispatch), linger_s=0.2, grace_s=2.0)
+    before = left_to_relay()
+    async with running(repo.at_once):
+        stored, _ = await repo.submit(new_job("unsent"))
+        await within(20, lambda: left_to_relay() > before)
+    assert await unpublished(db) == 1
+    publisher = Publisher(
+        Target(
+            bootstrap=tuned.require_kafka(),
+            topics=tuned.topic_partitions(),
+            dispatch_topics=dispatch,
+            idempotent=tuned.kafka_idempotent_producer,
+        )
+    )
+    store = OutboxStore(db, dispatch_topic=tuned.dispatch_topic)
+    try:
+        async with asyncio.timeout(20):
+            while not (await store.publish_batch(10, publisher.publish)).published:
+                await asyncio.sleep(0.2)
+    finally:
+        await publisher.disconnect()
+    sent = await records(tuned.require_kafka(), tuned.dispatch_topic, 1)
+    assert [k.decode() for _, _, k in sent] == [stored.id]

@@ -42,7 +42,9 @@ class Api:
 
 @pytest.fixture
 def wait_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"max_wait_s": MAX_WAIT_S})
+    # The test plays the worker's writes by hand and runs no relay: a job stays queued
+    # unless the test moves it (the API publishing it at once would dispatch it).
+    return settings.model_copy(update={"max_wait_s": MAX_WAIT_S, "publish_at_once": False})
 
 
 @pytest.fixture

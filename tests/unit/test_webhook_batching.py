@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
 
 import pytest
 
+from schemas.envelopes import JobEvent
+from schemas.states import JobState
 from workers.webhooks.app import batched
 from workers.webhooks.attempt_repository import Attempted
 from workers.webhooks.claim_repository import Claimed
+from workers.webhooks.delivery_repository import Made
+from workers.webhooks.dispatch import Dispatcher
+from workers.webhooks.events import EventHandler, Record
 from workers.webhooks.recorder import Recorder
-from workers.webhooks.retry import Answer, Outcome, Verdict
+from workers.webhooks.retry import Answer, Outcome, RetrySchedule, Verdict
 
 
 async def fed(queue: asyncio.Queue[int | None]) -> AsyncIterator[int]:
@@ -114,3 +120,47 @@ async def test_a_failed_record_raises_for_each_attempt_it_held() -> None:
         *(recorder.record(attempted(i)) for i in "ab"), return_exceptions=True
     )
     assert [type(g) for g in got] == [ConnectionError, ConnectionError]
+
+
+class Enqueued:
+    """A delivery repository that keeps what it was asked to enqueue."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    async def enqueue(self, job_ids: Sequence[str], waits: Sequence[float]) -> Made:
+        self.asked.append(list(job_ids))
+        return Made(ids=[], waits_s=[])
+
+
+def event(job_id: str, **extra: object) -> Record:
+    value = JobEvent(
+        job_id=job_id,
+        tenant="t",
+        state=JobState.SUCCEEDED,
+        attempt=1,
+        at=datetime.now(UTC),
+        **extra,
+    )
+    return Record(topic="events", partition=0, offset=0, value=value.to_bytes())
+
+
+async def test_only_the_jobs_that_may_call_for_a_delivery_are_read() -> None:
+    """No callback and in no batch: nothing to deliver, the job is not read. A writer that
+    did not say whether the job is in a batch (older events): read."""
+    repo = Enqueued()
+    handler = EventHandler(
+        repo,  # type: ignore[arg-type]
+        Dispatcher.__new__(Dispatcher),
+        schedule=RetrySchedule(steps_s=(0.0,), retry_after_max_s=60.0),
+        uniform=lambda low, high: low,
+    )
+    await handler(
+        [
+            event("plain", in_batch=False),
+            event("called", callback_url="http://x/cb", in_batch=False),
+            event("batched", in_batch=True),
+            event("unsaid"),
+        ]
+    )
+    assert repo.asked == [["called", "batched", "unsaid"]]

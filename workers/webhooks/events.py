@@ -61,7 +61,8 @@ class EventHandler:
             except ValidationError:
                 await self._poison(record)
                 continue
-            if event.state.terminal:
+            # A job with no callback and in no batch calls for no delivery: not read.
+            if event.state.terminal and (event.callback_url or event.in_batch is not False):
                 ended[event.job_id] = None
         if not ended:
             return
