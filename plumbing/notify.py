@@ -31,18 +31,20 @@ class JobNotice:
     state: str
     at: float  # epoch seconds of the write, by the database's clock
     reason: str  # the error's reason or code (cancelled, disconnected, ...), else the state
+    in_batch: bool | None = None  # one of a batch's jobs (None: the notice does not say)
 
     @classmethod
     def parse(cls, payload: str) -> JobNotice | None:
         parts = payload.split(" ")
-        if len(parts) not in (3, 4):
+        if len(parts) not in (3, 4, 5):
             return None
         try:
             at = float(parts[2])
         except ValueError:
             return None
-        reason = parts[3] if len(parts) == 4 else parts[1]
-        return cls(job_id=parts[0], state=parts[1], at=at, reason=reason)
+        reason = parts[3] if len(parts) >= 4 else parts[1]
+        in_batch = parts[4] == "batch" if len(parts) == 5 else None
+        return cls(job_id=parts[0], state=parts[1], at=at, reason=reason, in_batch=in_batch)
 
 
 class Listener:

@@ -1,4 +1,5 @@
-"""outbox rows published at once by their writer: the relay's only after publish_after
+"""outbox rows published at once by their writer: the relay's only after publish_after;
+the jobs channel's notice says whether the job is in a batch
 
 Revision ID: 0020
 Revises: 0019z
@@ -34,6 +35,23 @@ NOTIFY_TRIGGER = """
 CREATE TRIGGER outbox_notify AFTER INSERT ON outbox REFERENCING NEW TABLE AS inserted
 FOR EACH STATEMENT EXECUTE FUNCTION sluicegate_outbox_notify()
 """
+TERMINAL = "('succeeded', 'failed', 'expired', 'cancelled', 'abandoned')"
+JOBS_FUNCTION = """
+CREATE OR REPLACE FUNCTION sluicegate_jobs_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.state IN {terminal} AND NEW.state IS DISTINCT FROM OLD.state THEN
+        PERFORM pg_notify(
+            'sluicegate_jobs',
+            NEW.id::text || ' ' || NEW.state || ' ' || extract(epoch FROM clock_timestamp())
+            || ' ' || coalesce(NEW.error ->> 'reason', NEW.error ->> 'code', NEW.state){batch}
+        );
+    END IF;
+    RETURN NULL;
+END;
+$$
+"""
+BATCH_WORD = """
+            || CASE WHEN NEW.batch_id IS NULL THEN ' -' ELSE ' batch' END"""
 OLD_FUNCTION = """
 CREATE OR REPLACE FUNCTION sluicegate_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -53,9 +71,11 @@ def upgrade() -> None:
     op.execute("DROP TRIGGER IF EXISTS outbox_notify ON outbox")
     op.execute(NOTIFY_FUNCTION)
     op.execute(NOTIFY_TRIGGER)
+    op.execute(JOBS_FUNCTION.format(terminal=TERMINAL, batch=BATCH_WORD))
 
 
 def downgrade() -> None:
+    op.execute(JOBS_FUNCTION.format(terminal=TERMINAL, batch=""))
     op.execute("DROP TRIGGER IF EXISTS outbox_notify ON outbox")
     op.execute(OLD_FUNCTION)
     op.execute(OLD_TRIGGER)

@@ -15,7 +15,7 @@ from starlette.datastructures import State
 from plumbing.activity import Activity
 from plumbing.at_once import AtOnce, at_once_of
 from plumbing.db import make_engine
-from plumbing.notify import Listener
+from plumbing.notify import JobNotice, Listener
 from plumbing.pools import Pool, Pools
 from plumbing.settings import Settings
 from producers.admission.controller import AdmissionController
@@ -192,7 +192,9 @@ async def _background(
         activity.touch()
         services.waiters.on_notice(payload)
         services.pools.job_ended()  # room for a held job
-        services.lifecycle.wake()  # perhaps a batch's last job
+        notice = JobNotice.parse(payload)
+        if notice is None or notice.in_batch is not False:
+            services.lifecycle.wake()  # perhaps a batch's last job
 
     def on_connect() -> None:
         activity.touch()  # what was sent while it was down is lost

@@ -129,5 +129,11 @@ def test_notices_parse() -> None:
     assert JobNotice.parse("abc expired 12") == JobNotice(
         job_id="abc", state="expired", at=12.0, reason="expired"
     )
+    assert JobNotice.parse("abc succeeded 12 succeeded batch") == JobNotice(
+        job_id="abc", state="succeeded", at=12.0, reason="succeeded", in_batch=True
+    )
+    assert JobNotice.parse("abc succeeded 12 succeeded -") == JobNotice(
+        job_id="abc", state="succeeded", at=12.0, reason="succeeded", in_batch=False
+    )
     assert JobNotice.parse("garbage") is None
     assert JobNotice.parse("a b notanumber") is None
