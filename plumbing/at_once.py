@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 Flush = Callable[[list[Mark]], Awaitable[None]]
 
 DOWN_S = 5.0  # after a failed send, rows are left to the relay this long
+CONFIRM_S = 0.5  # dispatch records' log read again at most this often
 WAITING = 10_000  # most rows waiting to be sent
 
 
@@ -46,6 +47,10 @@ class AtOnce:
         self.grace_s = grace_s  # what the writer stores as the row's publish_after, ahead
         self._pending: list[OutboxRow] = []
         self._marks: list[Mark] = []
+        # Dispatch records acknowledged, whose log is to be read again before their marks
+        # may be written (their positions are recorded with the log).
+        self._unconfirmed: list[Mark] = []
+        self._confirmed_at = 0.0
         self._since: float | None = None  # when the oldest waiting mark was made
         self._wake = asyncio.Event()
         self._running = False
@@ -91,6 +96,8 @@ class AtOnce:
                 self._wake.clear()
                 if self._pending:
                     await self._send()
+                if self._unconfirmed and time.monotonic() - self._confirmed_at >= CONFIRM_S:
+                    await self._confirm()
                 if self._since is not None and time.monotonic() - self._since >= self._linger_s:
                     await self._write()
         finally:
@@ -98,27 +105,53 @@ class AtOnce:
             if self._pending:
                 AT_ONCE.labels(outcome="left_to_relay").inc(len(self._pending))
                 self._pending = []
+            if self._unconfirmed:
+                await self._confirm()
             await self._write()
             await self._publisher.disconnect()
 
     def _wait_s(self) -> float | None:
-        if self._since is None:
-            return None
-        return max(self._linger_s - (time.monotonic() - self._since), 0.0)
+        now = time.monotonic()
+        waits = [self._confirmed_at + CONFIRM_S - now] if self._unconfirmed else []
+        if self._since is not None:
+            waits.append(self._since + self._linger_s - now)
+        return max(min(waits), 0.0) if waits else None
 
     async def _send(self) -> None:
         rows, self._pending = self._pending, []
         try:
-            acked = await self._publisher.publish(rows)
+            acked = await self._publisher.publish(rows, check_log=False)
         except (KafkaError, OSError, TimeoutError) as exc:
-            AT_ONCE.labels(outcome="left_to_relay").inc(len(rows))
-            log.warning("publishing %d rows at once failed; the relay will: %r", len(rows), exc)
-            self._down_until = time.monotonic() + DOWN_S
+            self._leave(rows, exc)
             await self._publisher.disconnect()
             return
         AT_ONCE.labels(outcome="published").inc(len(rows))
-        self._marks.extend(Mark(row=r, acked=a) for r, a in zip(rows, acked, strict=True))
+        marks = [Mark(row=r, acked=a) for r, a in zip(rows, acked, strict=True)]
+        if self._publisher.dispatches(rows):
+            self._unconfirmed += marks
+        else:
+            self._marks += marks
+            self._since = self._since or time.monotonic()
+
+    async def _confirm(self) -> None:
+        """The log read again after the acknowledgements: their marks may be written (a
+        log replaced meanwhile: they are left to the relay). One read for every dispatch
+        record acknowledged since the last, at most every ``CONFIRM_S``."""
+        marks, self._unconfirmed = self._unconfirmed, []
+        self._confirmed_at = time.monotonic()
+        try:
+            await self._publisher.same_log()
+        except (KafkaError, OSError, TimeoutError) as exc:
+            self._leave([m.row for m in marks], exc)
+            await self._publisher.disconnect()
+            return
+        self._marks += marks
         self._since = self._since or time.monotonic()
+
+    def _leave(self, rows: list[OutboxRow], exc: BaseException) -> None:
+        AT_ONCE.labels(outcome="left_to_relay").inc(len(rows))
+        log.warning("publishing %d rows at once failed; the relay will: %r", len(rows), exc)
+        self._down_until = time.monotonic() + DOWN_S
 
     async def _write(self) -> None:
         marks = self.take()

@@ -78,22 +78,27 @@ class Publisher:
             with contextlib.suppress(KafkaError, OSError):
                 await admin.close()
 
-    async def publish(self, rows: list[OutboxRow]) -> list[Acked]:
-        """Send ``rows`` in order and wait for every acknowledgement (``send_timeout_s``)."""
+    async def publish(self, rows: list[OutboxRow], *, check_log: bool = True) -> list[Acked]:
+        """Send ``rows`` in order and wait for every acknowledgement (``send_timeout_s``).
+        ``check_log``: then read the cluster id again if they hold dispatch records (without
+        it, the caller must call ``same_log`` before it records their positions)."""
         producer = await self.connect()
         async with asyncio.timeout(self._target.send_timeout_s):
             futures = [
                 await producer.send(row.topic, row.payload, key=row.key.encode()) for row in rows
             ]
             metadata = await asyncio.gather(*futures)
-            if any(row.topic in self._target.dispatch_topics for row in rows):
-                await self._same_log()  # their positions are recorded with the log
+            if check_log and self.dispatches(rows):
+                await self.same_log()  # their positions are recorded with the log
         return [
             Acked(topic=m.topic, partition=m.partition, offset=m.offset, log=self._log)
             for m in metadata
         ]
 
-    async def _same_log(self) -> None:
+    def dispatches(self, rows: list[OutboxRow]) -> bool:
+        return any(row.topic in self._target.dispatch_topics for row in rows)
+
+    async def same_log(self) -> None:
         """Raise LogReplaced unless the broker still has the cluster id read at connect
         (a broker of a new id acknowledged the batch, or may have)."""
         if self._admin is None:

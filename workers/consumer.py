@@ -374,6 +374,11 @@ class Worker:
     async def _drain(self) -> None:
         """At stop: every job running here ends, or is aborted, within the drain timeout."""
         deadline = asyncio.get_running_loop().time() + self._drain_timeout_s
+        log.info(
+            "stopping: no more records taken; draining %d jobs for at most %.0f s",
+            len(self._tasks),
+            self._drain_timeout_s,
+        )
         with contextlib.suppress(*COMMIT_ERRORS):
             await self.finish_partitions({s.tp for s in self._tasks.values()}, deadline)
         await _end(list(self._tasks), deadline)  # those of a lost log, left running by a revoke

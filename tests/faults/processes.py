@@ -112,6 +112,23 @@ async def jobs_running(probe: httpx.AsyncClient, port: int) -> int | None:
     return int(sum(running))
 
 
+async def running_at_least(port: int, count: int, within_s: float) -> None:
+    """Until the worker whose metrics are on ``port`` runs ``count`` jobs or more."""
+    async with httpx.AsyncClient() as probe, asyncio.timeout(within_s):
+        while (await jobs_running(probe, port) or 0) < count:
+            await asyncio.sleep(0.1)
+
+
+async def logged(role: Role, text: str, within_s: float) -> None:
+    """Until ``text`` is in the role's log."""
+    async with asyncio.timeout(within_s):
+        while text not in role.output():
+            await asyncio.sleep(0.05)
+
+
+# The worker logs this once it takes no more records, at stop (workers/consumer.py).
+DRAINING = "stopping: no more records taken"
+
 # The worker's rebalance listener logs each assignment and each revoke, on either protocol.
 ASSIGNED = re.compile(r"assigned partitions \[[\d, ]*\]; holding \[([\d, ]*)\]")
 HOLDING = re.compile(r"(?:assigned|revoked) partitions \[[\d, ]*\]; holding \[([\d, ]*)\]")

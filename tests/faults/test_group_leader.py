@@ -7,11 +7,9 @@ that computed the group's assignment, and a new one is elected; the consumer pro
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 
-import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -19,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from plumbing.settings import Settings
 from sluicegate.local.embedded import free_port
 from tests.faults.outcomes import all_ended, exactly_once, outcome, running, submit, until
-from tests.faults.processes import Role, assigned, jobs_running, roles
+from tests.faults.processes import Role, assigned, roles, running_at_least
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(300)
@@ -27,13 +25,6 @@ pytestmark = pytest.mark.timeout(300)
 DOC = "The leader of a consumer group is only the member that computes the assignment. " * 6
 LEADS = "Elected group leader"
 MEMBER = re.compile(r"joined group \S+ as member (\S+)")
-
-
-async def decoding(port: int, within_s: float) -> None:
-    """Until the worker whose metrics are on ``port`` runs a job."""
-    async with httpx.AsyncClient() as probe, asyncio.timeout(within_s):
-        while not await jobs_running(probe, port):
-            await asyncio.sleep(0.1)
 
 
 def first_member(settings: Settings, members: list[Role]) -> Role:
@@ -80,7 +71,7 @@ async def test_the_group_leader_killed_mid_decode_and_the_group_reforms(
             ids = await submit(api, 24, input=DOC, max_tokens=300, ttl_s=900)
             await until(db, ids, lambda s: running(s) >= 6, 90)
             # The leader itself runs jobs when it dies.
-            await decoding(ports[1 + members.index(leader)], within_s=60)
+            await running_at_least(ports[1 + members.index(leader)], 1, within_s=60)
             leader.kill()
             await until(db, ids, all_ended, 180)
         if protocol == "classic":

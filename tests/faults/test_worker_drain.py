@@ -5,10 +5,11 @@ that had ended, and nothing is lost."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -16,7 +17,7 @@ from plumbing.settings import Settings
 from schemas.states import TERMINAL_STATES
 from sluicegate.local.embedded import free_port
 from tests.faults.outcomes import DOC, states, until
-from tests.faults.processes import assigned, jobs_running, roles
+from tests.faults.processes import DRAINING, assigned, logged, roles, running_at_least
 from tests.integration.serving import serve
 
 pytestmark = pytest.mark.timeout(240)
@@ -58,8 +59,13 @@ async def test_sigterm_drains_within_its_bound_and_hands_back_the_rest(
             # The leaving worker holds jobs of its own: the group may have given every
             # partition to the other worker until it joined.
             await running_at_least(port, 3, within_s=90)
+            stopping = time.monotonic()
+            leaving.process.send_signal(signal.SIGTERM)
+            # Read once it takes no more records: a job not running then is not its.
+            await logged(leaving, DRAINING, within_s=30)
             before = await states(db, ids)
-            code, took_s = leaving.terminate(timeout_s=DRAIN_S + 60)
+            code = await asyncio.to_thread(leaving.process.wait, DRAIN_S + 60)
+            took_s = time.monotonic() - stopping
             await until(db, ids, lambda s: all(st in terminal for st, _ in s.values()), 180)
         assert staying.process.poll() is None
 
@@ -75,9 +81,3 @@ async def test_sigterm_drains_within_its_bound_and_hands_back_the_rest(
     assert all(before[job][0] == "running" for job in rerun)
     assert max(attempt for _, attempt in final.values()) <= 2
 
-
-async def running_at_least(port: int, count: int, within_s: float) -> None:
-    """Until the worker whose metrics are on ``port`` runs ``count`` jobs or more."""
-    async with httpx.AsyncClient() as probe, asyncio.timeout(within_s):
-        while (await jobs_running(probe, port) or 0) < count:
-            await asyncio.sleep(0.1)
