@@ -105,7 +105,13 @@ async def measure(jobs: int) -> dict[str, Any]:
     """``jobs`` single submits into the outbox, then one relay process through the backlog;
     the fill's and the relay's figures."""
     # Admission open wide: the backlog is the point. No worker, so nothing drains it.
-    wide = {"lag_soft": 10**7, "lag_hard": 10**7 + 1, "deadline_aware": False}
+    # And the API publishes nothing at once: every row is the relay's, as after an outage.
+    wide = {
+        "lag_soft": 10**7,
+        "lag_hard": 10**7 + 1,
+        "deadline_aware": False,
+        "publish_at_once": False,
+    }
     async with services() as (admin, bootstrap), pipeline(admin, bootstrap, **wide) as bench:
         started = time.monotonic()
         accepted = await fill(bench.client, jobs)
