@@ -56,6 +56,11 @@ def _disabled(deliveries: int) -> None:
     DEAD_LETTERED.labels(source=DEAD_LETTER_SOURCE, reason="endpoint_disabled").inc(deliveries)
 
 
+# For ACTIVE_S after it started an attempt, the loop claims at least every RECHECK_S: a
+# safety net for a wake that is missed (a CI run once saw a retry come due and go unclaimed
+# for 30 s; the cause was not confirmed). An idle dispatcher still runs no statement.
+RECHECK_S = 5.0
+ACTIVE_S = 60.0
 # A lease outlasts an attempt's time limit by this much before the row comes due again.
 LEASE_MARGIN_S = 30.0
 # Shortest wait when a row is due but could not be claimed (another dispatcher holds it).
@@ -90,6 +95,8 @@ class Dispatcher:
         self._tag = tag  # the NOTIFY payload of this dispatcher's own new deliveries
         self._wake = asyncio.Event()
         self._claim_now = True
+        self._held = False  # the last round stopped for want of a free slot
+        self._active_until = 0.0  # loop time until which RECHECK_S bounds a wait
         self._due_at: float | None = None  # loop time of the next claim, None: when woken
         self._busy: Counter[Endpoint] = Counter()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -134,6 +141,8 @@ class Dispatcher:
                         self.due_in(wait)
                     continue
                 limit = None if due_at is None else due_at - loop.time()
+                if loop.time() < self._active_until and (limit is None or limit > RECHECK_S):
+                    limit = RECHECK_S  # a safety net while busy lately (RECHECK_S)
                 await wait_first(stop, self._wake, limit_s=limit)
         finally:
             await self._drain()
@@ -143,7 +152,8 @@ class Dispatcher:
         until woken)."""
         free = self._max_in_flight - len(self._tasks)
         if free <= 0:
-            return None  # an attempt that ends wakes the loop
+            self._held = True  # an attempt that ends wakes the loop
+            return None
         claim = await self._claims.claim(
             limit=free, per_endpoint=self._per_endpoint, busy=self._busy, lease_s=self._lease_s
         )
@@ -152,7 +162,8 @@ class Dispatcher:
         if claim.disabled:
             await self._give_up_disabled(claim.disabled)
         if len(claim.claimed) >= free:
-            return None  # full: an attempt that ends wakes the loop
+            self._held = True  # full: an attempt that ends wakes the loop
+            return None
         if claim.wait_s is None or claim.wait_s > 0:
             return claim.wait_s
         # Due now: more than one claim takes, or locked by another dispatcher.
@@ -171,6 +182,7 @@ class Dispatcher:
             _disabled(dead)
 
     def _start(self, claimed: Claimed) -> None:
+        self._active_until = asyncio.get_running_loop().time() + ACTIVE_S
         self._busy[claimed.endpoint] += 1
         task = asyncio.create_task(self._attempt(claimed), name=f"webhook-{claimed.id}")
         self._tasks.add(task)
@@ -188,7 +200,10 @@ class Dispatcher:
         self._busy[endpoint] -= 1
         if self._busy[endpoint] <= 0:
             del self._busy[endpoint]
-        if full:
+        # A round held back for want of a slot counted this attempt as taking one, though it
+        # may have been ending then: whatever the counts are now, that round claims again.
+        if full or self._held:
+            self._held = False
             self.wake()
 
     async def _attempt(self, claimed: Claimed) -> None:
