@@ -20,13 +20,15 @@ class KafkaSettings(SettingsGroup):
 
     dispatch_topic: str = Field(
         default=constants.DISPATCH_TOPIC,
-        description="Topic of dispatch records (one per job attempt), published by the relay "
-        "from the outbox and consumed by the workers.",
+        description="Topic of dispatch records (one per job attempt), written to the outbox, "
+        "published by the API at once (`publish_at_once`) or by the relay, and consumed by the "
+        "workers.",
     )
     events_topic: str = Field(
         default=constants.EVENTS_TOPIC,
         description="Topic of job state-change events, written to the outbox with each change, "
-        "published by the relay and consumed by the webhook dispatcher.",
+        "published by their writer at once (`publish_at_once`) or by the relay, and consumed "
+        "by the webhook dispatcher.",
     )
     dead_letter_topic: str = Field(
         default=constants.DEAD_LETTER_TOPIC,
