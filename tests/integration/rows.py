@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from producers.batches.input import chunked
 from producers.batches.repository import BatchRequest, BatchStore, NewBatch
 from producers.jobs.submit_repository import new_job_id
-from schemas.jobs import JobKind, Priority
+from schemas.jobs import JobKind, NewJob, Priority
 
 HOUR = timedelta(hours=1)
 
@@ -30,6 +30,24 @@ def job(name: str, state: str, finished: datetime | None, **extra: Any) -> dict[
         "finished_at": finished,
         **extra,
     }
+
+
+def submitted(
+    text: str = "A document.", *, key: str | None = None, digest: str | None = None
+) -> NewJob:
+    """A single submit of tenant "acme", as the API validates it (``key``: its
+    Idempotency-Key, ``digest`` its request's hash)."""
+    return NewJob(
+        tenant="acme",
+        kind=JobKind.SUMMARIZE,
+        input=text,
+        max_tokens=32,
+        deadline=datetime.now(UTC) + HOUR,
+        priority=Priority.NORMAL,
+        callback_url=None,
+        idempotency_key=key,
+        request_hash=(digest or "h") if key else None,
+    )
 
 
 def new(tenant: str, *, deadline: datetime | None = None) -> NewBatch:

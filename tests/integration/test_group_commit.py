@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,22 +16,8 @@ from plumbing.db import make_engine
 from producers.jobs.group_commit import GroupCommit
 from producers.jobs.repository import JobRepository
 from schemas.errors import IdempotencyConflict
-from schemas.jobs import JobKind, NewJob, Priority
 from schemas.tables import jobs, outbox
-
-
-def new(text: str = "A document.", *, key: str | None = None, digest: str | None = None) -> NewJob:
-    return NewJob(
-        tenant="acme",
-        kind=JobKind.SUMMARIZE,
-        input=text,
-        max_tokens=32,
-        deadline=datetime.now(UTC) + timedelta(hours=1),
-        priority=Priority.NORMAL,
-        callback_url=None,
-        idempotency_key=key,
-        request_hash=(digest or "h") if key else None,
-    )
+from tests.integration.rows import submitted as new
 
 
 @pytest.fixture

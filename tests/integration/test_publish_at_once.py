@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer
 from sqlalchemy import insert, select
@@ -23,28 +23,14 @@ from plumbing.settings import Settings
 from producers.jobs.submit_repository import SubmitRepository
 from producers.outbox.repository import OutboxStore
 from schemas.constants import M_AT_ONCE
-from schemas.jobs import JobKind, NewJob, Priority
+from schemas.jobs import JobKind
 from schemas.states import JobState
 from schemas.tables import jobs, outbox, partition_ends
 from sluicegate.local.embedded import free_port
-from tests.integration.rows import job
+from tests.integration.rows import job, submitted
 from workers.end_repository import EndRepository
 from workers.repository import Claimed
 from workers.service import events_topic
-
-
-def new_job(text: str) -> NewJob:
-    return NewJob(
-        tenant="t",
-        kind=JobKind.COMPLETE,
-        input=text,
-        max_tokens=4,
-        deadline=datetime.now(UTC) + timedelta(hours=1),
-        priority=Priority.NORMAL,
-        callback_url=None,
-        idempotency_key=None,
-        request_hash=None,
-    )
 
 
 @asynccontextmanager
@@ -103,10 +89,10 @@ async def test_submits_are_dispatched_and_marked_by_the_next_statement(
     repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic)
     repo.at_once = at_once_of(tuned, db, topics=tuned.topic_partitions(), dispatch_topics=topics)
     async with running(repo.at_once) as at_once:
-        first, _ = await repo.submit(new_job("first"))
+        first, _ = await repo.submit(submitted("first"))
         await within(10, lambda: at_once.marks_waiting == 1)
         assert await unpublished(db) == 1  # sent, not marked yet
-        second, _ = await repo.submit(new_job("second"))  # carries the first's mark
+        second, _ = await repo.submit(submitted("second"))  # carries the first's mark
         assert await unpublished(db) == 1  # the second's own row waits for a mark
         await within(10, lambda: at_once.marks_waiting == 1)
     # Stopping wrote the marks left.
@@ -135,7 +121,7 @@ async def test_a_row_its_writer_left_is_the_relays_after_its_grace(
     repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic)
     # Never run: what is offered is left to the relay (as with the broker down).
     repo.at_once = at_once_of(tuned, db, topics=tuned.topic_partitions())
-    stored, _ = await repo.submit(new_job("left"))
+    stored, _ = await repo.submit(submitted("left"))
     store = OutboxStore(db, dispatch_topic=tuned.dispatch_topic)
     publisher = Publisher(
         Target(
@@ -207,7 +193,7 @@ async def test_a_row_not_sent_at_once_is_left_to_the_relay(
     repo.at_once = AtOnce(gone, flush=marker(db, dispatch), linger_s=0.2, grace_s=2.0)
     before = left_to_relay()
     async with running(repo.at_once):
-        stored, _ = await repo.submit(new_job("unsent"))
+        stored, _ = await repo.submit(submitted("unsent"))
         await within(20, lambda: left_to_relay() > before)
     assert await unpublished(db) == 1
     publisher = Publisher(
