@@ -8,6 +8,7 @@ committed offsets reach the end of every dispatch partition."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 from collections import Counter
@@ -172,8 +173,13 @@ class Storm:
                 pass  # the assertion on taken_over_while_frozen says so
             finally:
                 member.role.process.send_signal(signal.SIGCONT)
-            # Its revoke lets its jobs end (and be fenced off) within its drain.
-            await asyncio.sleep(ZOMBIE_DRAIN_S + DRAIN_S)
+            # Its jobs end and are fenced off: within its revoke's drain (classic), or as
+            # they end while it runs on with its partitions lost (the consumer protocol
+            # keeps no drain for lost partitions). It is not stopped before (or a while).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FREEZE_MAX_S):
+                    while "was fenced off" not in member.role.output():
+                        await asyncio.sleep(0.2)
         finally:
             self.freezing = False
 
