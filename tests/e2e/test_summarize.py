@@ -106,9 +106,12 @@ def test_a_thousand_documents_summarized_interrupted_and_resumed(
 def test_a_new_run_into_a_missing_folder_is_resumed_by_the_same_command(
     stack_factory: Callable[..., RunningStack], tmp_path: Path
 ) -> None:
-    # Jobs slow enough that the 300 cannot all end between two of the command's 5 s looks:
-    # on Tansu the worker joins 8 s late and then starts 256 at once.
-    stack = stack_factory(workers=1, SLUICEGATE_SIM_TIME_SCALE="3")
+    # The 300 must not all end between two of the command's 5 s looks: slowed steps, and at
+    # most 32 decoded at once, so they end in waves (with 256 at once, a worker that joined
+    # late, as on Tansu, or a fast drain ended them all inside one look).
+    stack = stack_factory(
+        workers=1, SLUICEGATE_SIM_TIME_SCALE="3", SLUICEGATE_SIM_MAX_NUM_SEQS="32"
+    )
     docs = tmp_path / "docs"
     written = write_documents(docs)
     names = written[:300]
