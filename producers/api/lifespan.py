@@ -79,15 +79,17 @@ class Lifespan:
     async def __call__(self, app: FastAPI) -> AsyncIterator[None]:
         pools = Pools(self.settings)
         activity = Activity()  # what the jobs listener hears (quiet loops wait on it)
+        batch_activity = Activity()  # what it hears of batch jobs (the meter, the lifecycle)
         async with (
             _engines(self.settings, self.engine) as (db, submit_db),
             _lag_sources(pools, db, self.lag_source, activity) as sources,
         ):
-            services = build(self.settings, db, submit_db, pools, sources, activity)
+            services = build(self.settings, db, submit_db, pools, sources, batch_activity)
             services.publish(app.state)
             for pool in services.pools:  # serve with a reading, not with "unknown"
                 await pool.monitor.refresh()
-            async with _background(services, db, self.settings.lag_interval_s, activity):
+            heard = (activity, batch_activity)
+            async with _background(services, db, self.settings.lag_interval_s, heard):
                 yield
 
 
@@ -97,8 +99,10 @@ def build(
     submit_db: AsyncEngine,
     pools: Pools,
     sources: Sequence[tuple[Pool, LagSource]],
-    activity: Activity | None = None,
+    batch_activity: Activity | None = None,
 ) -> Services:
+    """``batch_activity``: what the process hears of batch jobs; the batch meters and
+    lifecycle wait on it alone, so a stream of single submits does not wake them."""
     repo = JobRepository(
         db,
         dispatch_topic=settings.dispatch_topic,
@@ -113,7 +117,7 @@ def build(
     limits = TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm)
     router = PoolRouter(
         pools,
-        [pool_services(pool, db, source, limits, activity) for pool, source in sources],
+        [pool_services(pool, db, source, limits, batch_activity) for pool, source in sources],
     )
     batches = BatchStore(db, events_topic=settings.events_topic, topic_of=pools.topic_of)
     files = FileStore(db)
@@ -133,7 +137,7 @@ def build(
             lambda endpoint: RequestChecker(settings.api, endpoint=endpoint),
             interval_s=settings.lag_interval_s,
             released=router.wake_meters,
-            activity=activity,
+            activity=batch_activity,
         ),
         waiters=Waiters(limit=settings.api_max_connections),
         reads=Reads(repo),
@@ -181,12 +185,17 @@ async def _lag_sources(
 
 @asynccontextmanager
 async def _background(
-    services: Services, db: AsyncEngine, lag_interval_s: float, activity: Activity
+    services: Services,
+    db: AsyncEngine,
+    lag_interval_s: float,
+    heard: tuple[Activity, Activity],
 ) -> AsyncIterator[None]:
     """The lag monitor, the flow report, the jobs-by-state gauge, the jobs channel's listener
     (it wakes the waiting requests, the meter and the batch lifecycle; with the outbox
     channel, it touches ``activity``), the submit groups' writer, the batch meter and the
-    batch lifecycle, stopped and awaited at the end."""
+    batch lifecycle, stopped and awaited at the end. ``heard``: the process's activity and
+    its batch jobs' (touched by a notice of a job that may be in a batch)."""
+    activity, batch_activity = heard
 
     def on_notice(payload: str) -> None:
         activity.touch()
@@ -194,10 +203,12 @@ async def _background(
         services.pools.job_ended()  # room for a held job
         notice = JobNotice.parse(payload)
         if notice is None or notice.in_batch is not False:
+            batch_activity.touch()
             services.lifecycle.wake()  # perhaps a batch's last job
 
     def on_connect() -> None:
         activity.touch()  # what was sent while it was down is lost
+        batch_activity.touch()
         services.waiters.on_connect()
 
     listener = Listener(
@@ -208,14 +219,13 @@ async def _background(
         also={constants.OUTBOX_CHANNEL: lambda _: activity.touch()},
     )
     activity.heard_by(listener.connected)
+    batch_activity.heard_by(listener.connected)
     stop = asyncio.Event()
     tasks = []
     for pool in services.pools:
         model = pool.pool.model
         at = (pool.pool.topic, pool.pool.first)
-        flow = report_flow(
-            services.repo, pool.monitor, stop, pool.admission.observe, at, activity
-        )
+        flow = report_flow(services.repo, pool.monitor, stop, pool.admission.observe, at, activity)
         tasks += [
             asyncio.create_task(pool.monitor.run(stop), name=f"lag-monitor {model}"),
             asyncio.create_task(flow, name=f"flow {model}"),

@@ -69,7 +69,7 @@ def pool_services(
     activity: Activity | None = None,
 ) -> PoolServices:
     """One pool's monitor, admission and meter, on its own settings (the meter quiet while
-    ``activity`` hears nothing)."""
+    ``activity`` hears nothing: the process's batch jobs' activity)."""
     s = pool.settings
     estimate = LagEstimate()
     monitor = LagMonitor(

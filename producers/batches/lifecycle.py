@@ -9,8 +9,9 @@ its jobs go to. A round runs when a batch is created, when a job ends (the jobs 
 NOTIFY) and every ``interval_s``: that sweep picks up what a restarted or crashed API left
 ``validating`` or ``finalizing``, since each step is one transaction on a row taken with
 SKIP LOCKED (the state is the rows', never the process's). A round first asks, in one
-statement, whether any batch waits for a step; with an ``Activity``, a round that changed
-nothing is followed by a wait of up to ``QUIET_S`` unless something is heard first.
+statement, whether any batch waits for a step; with an ``Activity`` (the API's: what it
+hears of batch jobs), a round that changed nothing is followed by a wait of up to
+``QUIET_S`` unless something is heard first.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ every ``interval_s``; rounds are at least ``MIN_GAP_S`` apart. Every API process
 meter; an advisory lock lets one of them work at a time, and the backlog is counted in
 PostgreSQL in the same transaction, so replicas never release more than the room. A round
 that finds no job held is one statement (the backlog's count), and with an ``Activity`` the
-next waits up to ``QUIET_S`` unless the process hears something first (a job written or
-ended).
+next waits up to ``QUIET_S`` unless the process hears something first: the API gives it
+what it hears of batch jobs (a notice of one that ended, a reconnect), since only a batch
+holds jobs, and a batch made in this process wakes the meter itself.
 """
 
 from __future__ import annotations

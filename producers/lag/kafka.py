@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.activity import QUIET_S, Activity
 from plumbing.kafka import GroupReader
-from producers.lag.repository import LagRepository
+from producers.lag.repository import LagRepository, Share
 from producers.lag.rule import Reading
 
 
@@ -63,8 +63,11 @@ class KafkaLagSource:
         self._settled: _Settled | None = None
         self.pg_reads = 0  # readings that asked PostgreSQL
 
-    async def read(self, mark: Callable[[], int] | None = None) -> Reading:
-        """``mark`` is read as the PostgreSQL snapshot begins (``Reading.mark``)."""
+    async def read(
+        self, mark: Callable[[], int] | None = None, share: Share | None = None
+    ) -> Reading:
+        """``mark`` is read as the PostgreSQL snapshot begins (``Reading.mark``); ``share``
+        stores the reading in the same statement, when one runs (``pg_reads`` grows)."""
         # The commit points first: the ends and the open jobs read after them are at or
         # past them.
         committed = await self.committed()
@@ -73,7 +76,7 @@ class KafkaLagSource:
             return reused
         version = self._activity.version if self._activity is not None else 0
         began = time.monotonic()
-        reading = await self._repository.reading(committed, mark)
+        reading = await self._repository.reading(committed, mark, share)
         self.pg_reads += 1
         settled = self._activity is not None and reading.unpublished == 0
         self._settled = _Settled(reading, version, began) if settled else None

@@ -9,10 +9,12 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Interval, Select, and_, func, literal, select
+from sqlalchemy import Interval, Select, and_, func, literal, or_, select
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.selectable import CTE
 
 from plumbing.db import make_engine
 from producers.lag.rule import Reading
@@ -75,6 +77,61 @@ class ReadingStore:
             statement.on_conflict_do_update(index_elements=KEYS, set_=update)
         )
 
+    def written(
+        self,
+        reading: CTE,
+        *,
+        committed: Mapping[int, int],
+        taken_s: float,
+        reader: str,
+        rewrite_after_s: float | None,
+    ) -> CTE:
+        """The statement that stores ``reading`` (a CTE of ``ends``, ``unpublished`` and
+        ``open``: ``producers.lag.repository``), begun ``taken_s`` ago by the database's
+        clock. With ``rewrite_after_s``, an unchanged row younger than that is left as it
+        is. Returns a row if it wrote."""
+        taken_at = func.now() - literal(timedelta(seconds=taken_s), Interval())
+        keyed = literal(_keyed(committed), JSONB())
+        statement = pg_insert(lag_readings).from_select(
+            [
+                "topic",
+                "consumer_group",
+                "reader",
+                "taken_at",
+                "ends",
+                "committed",
+                "open",
+                "unpublished",
+            ],
+            select(
+                literal(self._topic),
+                literal(self._group),
+                literal(reader),
+                taken_at,
+                reading.c.ends,
+                keyed,
+                reading.c.open,
+                reading.c.unpublished,
+            ),
+        )
+        new = statement.excluded
+        update = {
+            k: new[k] for k in ("reader", "taken_at", "ends", "committed", "open", "unpublished")
+        }
+        where = None
+        if rewrite_after_s is not None:
+            row = lag_readings.c
+            where = or_(
+                row.ends.is_distinct_from(new.ends),
+                row.committed.is_distinct_from(new.committed),
+                row.open.is_distinct_from(new.open),
+                row.unpublished.is_distinct_from(new.unpublished),
+                row.taken_at
+                < new.taken_at - literal(timedelta(seconds=rewrite_after_s), Interval()),
+            )
+        upsert = statement.on_conflict_do_update(index_elements=KEYS, set_=update, where=where)
+        return upsert.returning(literal(1).label("wrote")).cte("shared")
+
     async def latest(self) -> tuple[datetime, Reading] | None:
         """The stored reading and when it began; its ``age_s`` by the database's clock."""
         found = (await (await self._connection()).execute(self._latest())).first()
@@ -89,9 +146,7 @@ class ReadingStore:
         )
         one = select(literal(1).label("one")).subquery("one")
         age = func.extract("epoch", func.now() - lag_readings.c.taken_at).label("age")
-        query = select(lock, lag_readings, age).select_from(
-            one.outerjoin(lag_readings, keys)
-        )
+        query = select(lock, lag_readings, age).select_from(one.outerjoin(lag_readings, keys))
         found = (await (await self._connection()).execute(query)).one()
         return bool(found.locked), None if found.taken_at is None else _found(found)
 

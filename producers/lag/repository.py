@@ -1,17 +1,19 @@
 """The lag monitor's SQL: in one statement (so one PostgreSQL snapshot, with no transaction
 around it), the dispatch topic's partition ends (from the relay's record), the accepted jobs
 not yet published, and per partition the jobs not yet ended past the worker group's commit
-points."""
+points. The replica that reads the lag for the others (``producers.lag.shared``) stores the
+reading in the same statement (``Share``), so sharing it costs no statement of its own."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
     Integer,
     ScalarSelect,
+    Select,
     and_,
     column,
     func,
@@ -19,9 +21,10 @@ from sqlalchemy import (
     literal_column,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import CTE
 
 from producers.lag.rule import Reading
 from producers.outbox.repository import of_pool
@@ -30,6 +33,18 @@ from schemas.tables import jobs, outbox, partition_ends
 
 # A job in these states still owes its dispatch record's work (the partial index's states).
 OPEN_STATES = (JobState.DISPATCHED, JobState.RUNNING)
+
+
+class Share(Protocol):
+    """How a reading is stored for the other replicas in the statement that reads it."""
+
+    def written(self, reading: CTE, committed: Mapping[int, int]) -> CTE:
+        """The statement that stores ``reading`` (its columns ``ends``, ``unpublished``
+        and ``open``) taken at the commit points ``committed``, returning a row if it
+        wrote."""
+
+    def done(self, wrote: bool) -> None:
+        """Told whether the statement wrote the reading."""
 
 
 class LagRepository:
@@ -52,17 +67,27 @@ class LagRepository:
         self._count_open = count_open
 
     async def reading(
-        self, committed: Mapping[int, int], marker: Callable[[], int] | None = None
+        self,
+        committed: Mapping[int, int],
+        marker: Callable[[], int] | None = None,
+        share: Share | None = None,
     ) -> Reading:
         """The reading at the commit points ``committed`` (read first: the ends and the open
         jobs read after them are at or past them). One statement, so one snapshot: the relay
         moves rows from "unpublished" to the ends, and records the jobs' positions, in one
-        transaction. ``marker`` is read before the statement (``Reading.mark``)."""
+        transaction. ``marker`` is read before the statement (``Reading.mark``); with
+        ``share``, the statement also stores the reading for the other replicas."""
+        # Every partition, 0 where the relay recorded no end yet (as a follower shows it).
+        zeros = literal({str(p): 0 for p in range(self._partitions)}, JSONB())
         ends = (
             select(
-                func.coalesce(
-                    func.jsonb_object_agg(partition_ends.c.partition, partition_ends.c.end_offset),
-                    literal_column("'{}'::jsonb"),
+                zeros.op("||")(
+                    func.coalesce(
+                        func.jsonb_object_agg(
+                            partition_ends.c.partition, partition_ends.c.end_offset
+                        ),
+                        literal_column("'{}'::jsonb"),
+                    )
                 )
             )
             .where(partition_ends.c.topic == self._topic)
@@ -74,16 +99,20 @@ class LagRepository:
             .where(outbox.c.published_at.is_(None), outbox.c.topic == self._topic)
             .scalar_subquery()
         )
-        columns = [ends.label("ends"), unpublished.label("unpublished")]
-        if self._count_open:
-            columns.append(self._open(committed).label("open"))
+        open_jobs = self._open(committed) if self._count_open else literal(None, JSONB())
+        query = select(
+            ends.label("ends"), unpublished.label("unpublished"), open_jobs.label("open")
+        )
         async with self._db.connect() as conn:
             mark = marker() if marker is not None else None
-            row = (await conn.execute(select(*columns))).one()
-        found = {int(p): int(n) for p, n in row.ends.items()}
-        open = {int(p): int(n) for p, n in row.open.items()} if self._count_open else None
-        ends_of = {p: 0 for p in range(self._partitions)} | found
-        return Reading(ends_of, committed, int(row.unpublished), open, mark=mark)
+            if share is not None:
+                query = _shared(query, share, committed)
+            row = (await conn.execute(query)).one()
+        if share is not None:
+            share.done(bool(row.wrote))
+        ends_of = {int(p): int(n) for p, n in row.ends.items()}
+        opened = {int(p): int(n) for p, n in row.open.items()} if self._count_open else None
+        return Reading(ends_of, committed, int(row.unpublished), opened, mark=mark)
 
     def _open(self, committed: Mapping[int, int]) -> ScalarSelect[Any]:
         """Per partition, the jobs not yet ended whose record of this log lies at or past the
@@ -129,3 +158,12 @@ class LagRepository:
                 literal_column("'{}'::jsonb"),
             )
         ).scalar_subquery()
+
+
+def _shared(query: Select[Any], share: Share, committed: Mapping[int, int]) -> Select[Any]:
+    """``query``'s one row, and whether ``share`` stored it (``wrote``), in one statement:
+    the reading is a CTE that both read (so it is evaluated once)."""
+    reading = query.cte("reading")
+    written = share.written(reading, committed)
+    wrote = select(func.count()).select_from(written).scalar_subquery()
+    return select(reading.c.ends, reading.c.unpublished, reading.c.open, wrote.label("wrote"))

@@ -11,6 +11,10 @@ reading ages past ``lag_stale_after_s`` on every replica and the lag is unknown 
 A follower reads the row each ``lag_interval_s``, so its reading is at most about two
 intervals old instead of one.
 
+The reader stores its reading in the statement that reads it from PostgreSQL
+(``producers.lag.repository.Share``), and in one of its own only when it reused a reading
+without asking PostgreSQL (``producers.lag.kafka``).
+
 Quiet, with ``stale_after_s`` and an ``Activity`` (the process's LISTEN connection): the
 reader rewrites the row only when the reading changed, or once the row is half
 ``stale_after_s`` old (so it never goes stale while the reader lives); a follower reads it
@@ -25,11 +29,12 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql.selectable import CTE
 
 from plumbing.activity import Activity
 from producers.lag.kafka import KafkaLagSource
@@ -101,14 +106,20 @@ class SharedLagSource:
 
     async def _take(self, mark: Callable[[], int] | None) -> Reading:
         began = time.monotonic()
+        rewrite_after_s = None if self._stale_s is None else REWRITE_AFTER * self._stale_s
+        share = _Share(self._store, self._name, rewrite_after_s, began)
+        reads = self._local.pg_reads
         try:
-            reading = await self._local.read(mark)
+            reading = await self._local.read(mark, share)
         except (KafkaError, OSError, TimeoutError):
             self._is_reader(False)
             await self._store.unlock()
             raise
         taken = time.monotonic() - began
-        if self._rewrite(reading, began):
+        if self._local.pg_reads != reads:  # its statement stored it, where it had to
+            if share.wrote:
+                self._written = (reading, began)
+        elif self._rewrite(reading, began):  # reused: no statement ran to store it
             await self._store.write(reading, taken_s=taken, reader=self._name)
             self._written = (reading, began)
         return Reading(
@@ -157,6 +168,32 @@ class SharedLagSource:
         self._is_reader(False)
         await self._store.close()
         await self._local.close()
+
+
+class _Share:
+    """The reader's ``Share``: its reading stored by the statement that reads it, which
+    keeps the rewrite rule of ``SharedLagSource._rewrite``."""
+
+    def __init__(
+        self, store: ReadingStore, reader: str, rewrite_after_s: float | None, began: float
+    ) -> None:
+        self._store = store
+        self._reader = reader
+        self._rewrite_after_s = rewrite_after_s
+        self._began = began
+        self.wrote = False
+
+    def written(self, reading: CTE, committed: Mapping[int, int]) -> CTE:
+        return self._store.written(
+            reading,
+            committed=committed,
+            taken_s=time.monotonic() - self._began,
+            reader=self._reader,
+            rewrite_after_s=self._rewrite_after_s,
+        )
+
+    def done(self, wrote: bool) -> None:
+        self.wrote = wrote
 
 
 def _values(reading: Reading) -> tuple[object, ...]:

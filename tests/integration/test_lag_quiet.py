@@ -123,6 +123,54 @@ async def test_a_quiet_reader_rewrites_its_row_only_on_a_change_or_half_stale(
         await plain.close()
 
 
+async def test_a_reading_read_from_postgresql_is_stored_by_its_own_statement_when_it_changed(
+    settings: Settings, db: AsyncEngine
+) -> None:
+    # The reader's broker part reuses nothing (no activity): each read runs its statement,
+    # which stores the reading only when it changed or the row is half stale.
+    activity = heard()
+    source = local(settings, db, None)
+    reader = SharedLagSource(
+        source,
+        url=settings.require_database_url(),
+        topic=settings.dispatch_topic,
+        group=settings.consumer_group,
+        stale_after_s=1.0,
+        activity=activity,
+    )
+    (plain, _) = shared(settings, db)
+    try:
+        await reader.read()
+        assert reader.reader
+        first = await plain.read()
+        assert first is not None
+        await reader.read()
+        assert source.pg_reads == 2
+        assert await plain.read() is None  # the same reading: the row was not rewritten
+
+        async with db.begin() as conn:  # a submit not yet published: the reading changed
+            await conn.execute(
+                insert(outbox).values(topic=settings.dispatch_topic, key="k", payload=b"x")
+            )
+        await reader.read()
+        changed = await plain.read()
+        assert changed is not None
+        assert (changed.unpublished, first.unpublished) == (1, 0)
+        assert changed.ends == first.ends and len(changed.ends) == settings.partitions
+
+        await reader.read()
+        assert await plain.read() is None
+        await asyncio.sleep(0.55)
+        await reader.read()
+        handed = await plain.read()  # half stale: rewritten, young again
+        assert handed is not None
+        assert handed.age_s < 0.5
+        assert source.pg_reads == 5
+    finally:
+        await reader.close()
+        await plain.close()
+
+
 async def test_a_quiet_follower_looks_when_it_hears_something_or_its_copy_ages(
     settings: Settings, db: AsyncEngine
 ) -> None:

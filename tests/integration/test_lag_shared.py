@@ -15,6 +15,7 @@ from plumbing.settings import Settings
 from producers.lag.estimate import LagEstimate
 from producers.lag.kafka import KafkaLagSource
 from producers.lag.monitor import LagMonitor
+from producers.lag.repository import Share
 from producers.lag.rule import Reading
 from producers.lag.shared import SharedLagSource
 
@@ -33,11 +34,13 @@ class Counted(KafkaLagSource):
         self.reads = 0
         self.broken = False
 
-    async def read(self, mark: Callable[[], int] | None = None) -> Reading:
+    async def read(
+        self, mark: Callable[[], int] | None = None, share: Share | None = None
+    ) -> Reading:
         self.reads += 1
         if self.broken:
             raise KafkaConnectionError("the broker is unreachable from this replica")
-        return await super().read(mark)
+        return await super().read(mark, share)
 
 
 def replica(settings: Settings, db: AsyncEngine) -> tuple[SharedLagSource, Counted]:

@@ -17,7 +17,7 @@ from plumbing.db import libpq_url
 OBSERVER = "costs_observer"  # the role of this benchmark's own connection
 WIDTH_TABLES = ("jobs", "outbox", "batches", "webhook_deliveries", "webhook_attempts")
 TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|START|SAVEPOINT|RELEASE)\b", re.I)
-TOP_N = 10
+TOP_N = 25  # every statement a job or its load brings runs at least once a job or a second
 TOP_N_IDLE = 40  # the idle window lists (nearly) every statement a quiet stack runs
 
 Flat = dict[str, float]  # a window's counters, by dotted name ("cpu_ms.api", "pg.statements")
