@@ -156,7 +156,8 @@ async def test_a_reading_read_from_postgresql_is_stored_by_its_own_statement_whe
         changed = await plain.read()
         assert changed is not None
         assert (changed.unpublished, first.unpublished) == (1, 0)
-        assert changed.ends == first.ends and len(changed.ends) == settings.partitions
+        assert changed.ends == first.ends
+        assert len(changed.ends) == settings.partitions
 
         await reader.read()
         assert await plain.read() is None
