@@ -10,10 +10,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
+from client.coalesce import Answer, BulkRefused, Coalescer
 from schemas import constants
 from schemas.api import JobList, JobView, SubmitResponse
 from schemas.batches import BatchList, BatchView
@@ -21,6 +22,8 @@ from schemas.jobs import JobKind, Priority
 from schemas.overview import Overview
 from schemas.timeline import JobTimeline
 from schemas.webhooks import DeliveryDetail
+
+T = TypeVar("T")
 
 # Refusals a retry cannot turn into a success: the deadline stays where it is.
 FINAL_CODES = frozenset({"deadline_unreachable"})
@@ -56,10 +59,10 @@ class ApiError(Exception):
         return self.status in (429, 503) and self.code not in FINAL_CODES
 
 
-def _retry_after_s(response: httpx.Response, body: Any) -> float | None:
+def _retry_after_s(answer: Answer, body: Any) -> float | None:
     if isinstance(body, dict) and isinstance(body.get("retry_after_ms"), int | float):
         return float(body["retry_after_ms"]) / 1000
-    header = response.headers.get("retry-after")
+    header = answer.headers.get("retry-after")
     try:
         return float(header) if header is not None else None
     except ValueError:
@@ -69,17 +72,28 @@ def _retry_after_s(response: httpx.Response, body: Any) -> float | None:
 def _raise_for(response: httpx.Response) -> None:
     if response.is_success:
         return
-    body: Any = None
-    details: list[Any] = []
+    raise _error_of(_answer(response))
+
+
+def _answer(response: httpx.Response) -> Answer:
     try:
-        body = response.json()
+        body: Any = response.json()
+    except ValueError:
+        body = response.text
+    return Answer(response.status_code, body, response.headers)
+
+
+def _error_of(answer: Answer) -> ApiError:
+    """The error an answer of 4xx or 5xx says (its body's ``error``, or its text)."""
+    body, details = answer.body, []
+    try:
         error = body["error"]
         code, message = str(error["code"]), str(error["message"])
         if isinstance(error.get("details"), list):
             details = error["details"]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        code, message = "http_error", response.text[:200]
-    raise ApiError(response.status_code, code, message, _retry_after_s(response, body), details)
+    except (KeyError, TypeError, AttributeError):
+        code, message = "http_error", str(body)[:200]
+    return ApiError(answer.status, code, message, _retry_after_s(answer, body), details)
 
 
 @dataclass
@@ -140,9 +154,11 @@ class SluicegateClient:
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_wait: Callable[[ApiError, float], None] | None = None,
+        coalesce: bool = True,
     ) -> None:
         """``on_wait(refusal, seconds)`` is called before each retry's wait, so a caller
-        can say what it waits for."""
+        can say what it waits for. ``coalesce``: concurrent ``submit()`` calls share
+        requests (``client.coalesce``); each still gets its own answer."""
         headers = {constants.HEADER_TENANT: tenant} if tenant else {}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -153,6 +169,7 @@ class SluicegateClient:
         self._sleep = sleep
         self._on_wait = on_wait
         self.base_url = base_url
+        self._coalescer = Coalescer(self._submit_one, self._submit_many) if coalesce else None
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
@@ -202,8 +219,39 @@ class SluicegateClient:
             body["callback_url"] = callback_url
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
-        response = await self._post_retrying("/v1/jobs", body)
-        return SubmitResponse.model_validate_json(response.content)
+        answer = await self._retrying(lambda: self._submit_once(body))
+        return SubmitResponse.model_validate(answer.body)
+
+    async def _submit_once(self, body: dict[str, Any]) -> Answer:
+        coalescer = self._coalescer
+        answer = await (coalescer.submit(body) if coalescer else self._submit_one(body))
+        if answer.status >= 400:
+            raise _error_of(answer)
+        return answer
+
+    async def _submit_one(self, body: dict[str, Any]) -> Answer:
+        try:
+            return _answer(await self._http.post("/v1/jobs", json=body))
+        except httpx.TransportError as exc:
+            raise Unreachable(self.base_url, exc) from None
+
+    async def _submit_many(self, bodies: list[dict[str, Any]]) -> list[Answer]:
+        """One answer a job (``POST /v1/jobs/bulk``); a refusal of the request as a whole
+        that is not the jobs' own (no such route, too big, too many) is ``BulkRefused``."""
+        try:
+            response = await self._http.post("/v1/jobs/bulk", json={"jobs": bodies})
+        except httpx.TransportError as exc:
+            raise Unreachable(self.base_url, exc) from None
+        if response.status_code in (404, 405):
+            raise BulkRefused(response.status_code, lasting=True)
+        if response.status_code in (413, 422):
+            raise BulkRefused(response.status_code, lasting=False)
+        if not response.is_success:  # the caller's key, the server: the same for each job
+            return [_answer(response)] * len(bodies)
+        return [
+            Answer(int(item["status"]), item["body"], item.get("headers") or {})
+            for item in response.json()["data"]
+        ]
 
     async def create_batch(
         self,
@@ -249,13 +297,17 @@ class SluicegateClient:
     ) -> httpx.Response:
         """POST, retrying refusals as the policy allows (the body carries its own
         idempotency key where the caller gave one, so a retry cannot make a second job)."""
+        return await self._retrying(lambda: self._send("POST", path, json=body, headers=headers))
+
+    async def _retrying(self, send: Callable[[], Awaitable[T]]) -> T:
+        """``send()``, again after each refusal the policy lets it retry."""
         retry = self._retry
         attempt = 0
         if retry is not None:
             retry.deposit()
         while True:
             try:
-                response = await self._send("POST", path, json=body, headers=headers)
+                response = await send()
             except ApiError as exc:
                 attempt += 1
                 if (

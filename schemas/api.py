@@ -68,6 +68,33 @@ class SubmitResponse(BaseModel):
     status_url: str
 
 
+class BulkSubmit(BaseModel):
+    """POST /v1/jobs/bulk: many single submits in one request (the Python client sends
+    concurrent ``submit()`` calls so). Each job is a ``POST /v1/jobs`` body, idempotency key
+    included, and is validated, admitted and answered on its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[Any] = Field(
+        min_length=1, description="The jobs: each a body of POST /v1/jobs (an object)"
+    )
+
+
+class BulkAnswer(BaseModel):
+    """What ``POST /v1/jobs`` would have answered for one job of a bulk submit."""
+
+    status: int = Field(description="202 stored, 200 a replay, 4xx/5xx as POST /v1/jobs")
+    body: dict[str, Any] = Field(description="A SubmitResponse, a yield, or an error body")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="Location, Idempotent-Replayed, Retry-After (lower case)"
+    )
+
+
+class BulkAnswers(BaseModel):
+    object: str = "list"
+    data: list[BulkAnswer] = Field(description="One answer a job, in the request's order")
+
+
 class JobView(BaseModel):
     id: str
     tenant: str

@@ -46,6 +46,12 @@ class ApiSettings(SettingsGroup):
         ge=1024,
         description="Largest body of `POST /v1/batches` (a JSON list or a JSONL upload), in bytes.",
     )
+    max_bulk_jobs: int = Field(
+        default=1000,
+        ge=1,
+        description="Most jobs one `POST /v1/jobs/bulk` may hold (its body is also under "
+        "`max_body_bytes`). Each is admitted as a single submit.",
+    )
     max_batch_requests: int = Field(
         default=50_000,
         ge=1,

@@ -9,7 +9,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
 from producers.admission.limits import BodyLimit
-from producers.api import batches, completions, errors, files, health, jobs, overview, webhooks
+from producers.api import (
+    batches,
+    bulk,
+    completions,
+    errors,
+    files,
+    health,
+    jobs,
+    overview,
+    webhooks,
+)
 from producers.api.lifespan import Lifespan
 from producers.lag.monitor import LagSource
 from producers.ui import router as ui
@@ -40,6 +50,7 @@ def create_app(
     # The job routes first: a request is matched against the routes in order, and the
     # single submit is the busiest of them.
     app.include_router(jobs.router)
+    app.include_router(bulk.router)
     app.include_router(health.router)
     app.include_router(batches.router)
     app.include_router(files.router)

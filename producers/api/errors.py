@@ -94,7 +94,8 @@ def _validation_code(errors: list[dict[str, Any]]) -> tuple[int, str]:
         loc = [p for p in err.get("loc", ()) if p != "body"]
         if loc and (str(loc[0]), err.get("type")) in _FIELD_CODES:
             return 422, _FIELD_CODES[(str(loc[0]), str(err.get("type")))]
-    if any(err.get("type") == "model_attributes_type" for err in errors):
+    # Not an object: as FastAPI says it of a body, as pydantic says it of a bulk's job.
+    if any(err.get("type") in ("model_attributes_type", "model_type") for err in errors):
         return 422, "invalid_body"
     return 422, "invalid_request"
 
@@ -183,6 +184,16 @@ async def _dbapi(request: Request, exc: DBAPIError) -> JSONResponse:
     return error_response(500, "internal_error", "internal error")
 
 
+async def answer_for(request: Request, exc: Exception) -> JSONResponse | None:
+    """What the handlers ``install`` registers answer ``exc`` with (None: not one they
+    handle), for a route that answers for many requests in one (``POST /v1/jobs/bulk``)."""
+    for exc_type, handler in _HANDLERS:
+        if isinstance(exc, exc_type):
+            answer: JSONResponse = await handler(request, exc)
+            return answer
+    return None
+
+
 def install(app: FastAPI) -> None:
     """Answer every failure the routes, the body limits and the database raise."""
     app.exception_handler(Refused)(_refused)
@@ -194,3 +205,14 @@ def install(app: FastAPI) -> None:
     for exc_type in (PoolTimeout, OSError):
         app.exception_handler(exc_type)(_database_down)
     app.exception_handler(DBAPIError)(_dbapi)
+
+
+# The handlers in the order ``answer_for`` tries them: the most specific class first.
+_HANDLERS: tuple[tuple[type[Exception], Any], ...] = (
+    (Refused, _refused),
+    (SluicegateError, _sluicegate),
+    (RequestValidationError, _invalid),
+    (PoolTimeout, _database_down),
+    (DBAPIError, _dbapi),
+    (OSError, _database_down),
+)
