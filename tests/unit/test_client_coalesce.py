@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import pytest
 
 from client.api import ApiError, RetryPolicy, SluicegateClient
+from client.sync import SluicegateClient as SyncClient
 from schemas.jobs import JobKind
 
 
@@ -170,3 +174,27 @@ async def test_an_unreachable_server_fails_every_waiting_caller() -> None:
         )
     assert len(outcomes) == 3
     assert all("cannot reach the Sluicegate API" in str(o) for o in outcomes)
+
+
+def test_the_thread_client_coalesces_submits_made_at_once_from_many_threads() -> None:
+    server = Server()
+    barrier = threading.Barrier(8)
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.2)  # the threads' submits arrive while the first are answered
+        return server.handler(request)
+
+    with SyncClient("http://sg", transport=httpx.MockTransport(slow)) as client:
+
+        def one(i: int) -> str:
+            barrier.wait()
+            return client.submit(JobKind.SUMMARIZE, f"doc {i}").id
+
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(one, range(8)))
+        with pytest.raises(ApiError) as caught:
+            client.submit(JobKind.SUMMARIZE, "bad")
+    assert [i[-1] for i in ids] == [str(i) for i in range(8)]
+    assert sum(n for _, n in server.requests) == 9
+    assert len(server.requests) <= 6  # at most 4 in flight: the rest went together
+    assert caught.value.code == "empty_input"
