@@ -264,45 +264,79 @@ class SubmitLoad:
     warmup: float = 2.0
     batch_size: int = 1000
     batch_clients: int = 4
-    api_processes: int = 1  # sluicegate api --workers
+    api_processes: tuple[int, ...] = (1, 2)  # sluicegate api --workers: all runs on the first
+    wrk_connections: tuple[int, ...] = (1, 16, 64)
 
 
 async def sluicegate_runs(load: SubmitLoad) -> dict[str, Any]:
-    """Single submits from ``clients`` clients and from one alone, then batches, through
-    ``sluicegate api`` and ``sluicegate relay`` as processes; the figures of each."""
+    """Single submits from aiohttp clients (``clients`` and one alone), from the project's
+    client and from wrk, then batches, through ``sluicegate api`` and ``sluicegate relay``
+    as processes; the figures of each. Each further ``api_processes`` count runs the
+    loaded single submits again (the project's client and wrk) on a new API."""
+    from benchmarks.lib.ingress_clients import drive_client, drive_wrk, wrk_found
+
     overrides: dict[str, Any] = {"lag_soft": OUT_OF_REACH, "lag_hard": OUT_OF_REACH}
+    figures: dict[str, Any] = {}
     async with (
         services() as (admin, bootstrap),
         bench_settings(admin, bootstrap, **overrides) as settings,
-        served(settings, load.api_processes) as api,
     ):
-        single, batch = json.dumps(JOB).encode(), batch_body(load.batch_size)
-        await drive(api, "/v1/jobs", single, clients=load.clients, seconds=load.warmup, jobs=1)
-        await drive(api, "/v1/batches", batch, clients=1, seconds=load.warmup, jobs=1)
-        runs = {
-            f"single_{load.clients}_clients": await drive(
-                api, "/v1/jobs", single, clients=load.clients, seconds=load.seconds, jobs=1
-            ),
-            "single_1_client": await drive(
-                api, "/v1/jobs", single, clients=1, seconds=load.alone_seconds, jobs=1
-            ),
-            f"batches_of_{load.batch_size}_{load.batch_clients}_clients": await drive(
-                api,
-                "/v1/batches",
-                batch,
-                clients=load.batch_clients,
-                seconds=load.seconds,
-                jobs=load.batch_size,
-            ),
-        }
+        for n, processes in enumerate(load.api_processes):
+            on = f"{processes}_api_process{'es' if processes > 1 else ''}"
+            async with served(settings, processes) as api:
+                single = json.dumps(JOB).encode()
+                await drive(
+                    api, "/v1/jobs", single, clients=load.clients, seconds=load.warmup, jobs=1
+                )
+                runs = await _runs(api, load) if n == 0 else {}
+                runs[f"client_{load.clients}_tasks"] = await drive_client(
+                    api, tasks=load.clients, seconds=load.seconds
+                )
+                if n == 0:
+                    runs["client_1_task"] = await drive_client(
+                        api, tasks=1, seconds=load.alone_seconds
+                    )
+                figures[on] = {name: run.figures() for name, run in runs.items()}
+                for connections in load.wrk_connections if wrk_found() else ():
+                    if n == 0 or connections == max(load.wrk_connections):
+                        wrk = await asyncio.to_thread(
+                            drive_wrk, api, connections=connections, seconds=load.seconds
+                        )
+                        figures[on][f"wrk_{connections}_connections"] = wrk
         drained = await outbox_drained(settings, DRAIN_TIMEOUT_S)
         facts = await database_facts(settings)
     where = "embedded" if "SLUICEGATE_BENCH_DATABASE_URL" not in os.environ else "local server"
     return {
-        "setup": f"`sluicegate api --workers {load.api_processes}` (uvicorn) and `sluicegate "
-        f"relay` in subprocesses, {where} PostgreSQL {facts['postgres']} (fsync "
-        f"{facts['fsync']}, synchronous_commit {facts['synchronous_commit']}), aiohttp "
-        "clients over loopback HTTP, closed loop; cpu_ms_per_job: of the API process(es)",
-        **{name: run.figures() for name, run in runs.items()},
+        "setup": f"`sluicegate api --workers N` (uvicorn) and `sluicegate relay` in "
+        f"subprocesses, {where} PostgreSQL {facts['postgres']} (fsync {facts['fsync']}, "
+        f"synchronous_commit {facts['synchronous_commit']}); loads over loopback HTTP in a "
+        "closed loop: aiohttp clients, the project's client (its concurrent submits "
+        "coalesced into POST /v1/jobs/bulk), wrk; cpu_ms_per_job: of the API process(es)",
+        **figures,
+        "wrk": "wrk not found (apt install wrk): its runs are left out"
+        if not wrk_found()
+        else "wrk 4, at most 2 threads",
         "relay": drained,
+    }
+
+
+async def _runs(api: Served, load: SubmitLoad) -> dict[str, Run]:
+    """The aiohttp loads: single submits from ``clients`` and from one, then batches."""
+    single, batch = json.dumps(JOB).encode(), batch_body(load.batch_size)
+    await drive(api, "/v1/batches", batch, clients=1, seconds=load.warmup, jobs=1)
+    return {
+        f"single_{load.clients}_clients": await drive(
+            api, "/v1/jobs", single, clients=load.clients, seconds=load.seconds, jobs=1
+        ),
+        "single_1_client": await drive(
+            api, "/v1/jobs", single, clients=1, seconds=load.alone_seconds, jobs=1
+        ),
+        f"batches_of_{load.batch_size}_{load.batch_clients}_clients": await drive(
+            api,
+            "/v1/batches",
+            batch,
+            clients=load.batch_clients,
+            seconds=load.seconds,
+            jobs=load.batch_size,
+        ),
     }
