@@ -24,6 +24,7 @@ from schemas.timeline import JobTimeline
 from schemas.webhooks import DeliveryDetail
 
 T = TypeVar("T")
+_JSON = {"Content-Type": "application/json"}
 
 # Refusals a retry cannot turn into a success: the deadline stays where it is.
 FINAL_CODES = frozenset({"deadline_unreachable"})
@@ -224,22 +225,26 @@ class SluicegateClient:
 
     async def _submit_once(self, body: dict[str, Any]) -> Answer:
         coalescer = self._coalescer
-        answer = await (coalescer.submit(body) if coalescer else self._submit_one(body))
+        if coalescer is not None:
+            answer = await coalescer.submit(body)
+        else:
+            answer = await self._submit_one(json.dumps(body, separators=(",", ":")).encode())
         if answer.status >= 400:
             raise _error_of(answer)
         return answer
 
-    async def _submit_one(self, body: dict[str, Any]) -> Answer:
+    async def _submit_one(self, body: bytes) -> Answer:
         try:
-            return _answer(await self._http.post("/v1/jobs", json=body))
+            return _answer(await self._http.post("/v1/jobs", content=body, headers=_JSON))
         except httpx.TransportError as exc:
             raise Unreachable(self.base_url, exc) from None
 
-    async def _submit_many(self, bodies: list[dict[str, Any]]) -> list[Answer]:
+    async def _submit_many(self, bodies: list[bytes]) -> list[Answer]:
         """One answer a job (``POST /v1/jobs/bulk``); a refusal of the request as a whole
         that is not the jobs' own (no such route, too big, too many) is ``BulkRefused``."""
         try:
-            response = await self._http.post("/v1/jobs/bulk", json={"jobs": bodies})
+            content = b'{"jobs":[' + b",".join(bodies) + b"]}"
+            response = await self._http.post("/v1/jobs/bulk", content=content, headers=_JSON)
         except httpx.TransportError as exc:
             raise Unreachable(self.base_url, exc) from None
         if response.status_code in (404, 405):

@@ -38,16 +38,15 @@ class BulkRefused(Exception):
         self.lasting = lasting
 
 
-# Sends one job's body (POST /v1/jobs), or many (POST /v1/jobs/bulk, one answer each, or
-# BulkRefused).
-SendOne = Callable[[dict[str, Any]], Awaitable[Answer]]
-SendMany = Callable[[list[dict[str, Any]]], Awaitable[list[Answer]]]
+# Sends one job's body, as JSON (POST /v1/jobs), or many (POST /v1/jobs/bulk, one answer
+# each, or BulkRefused).
+SendOne = Callable[[bytes], Awaitable[Answer]]
+SendMany = Callable[[list[bytes]], Awaitable[list[Answer]]]
 
 
 @dataclass
 class _Waiting:
-    body: dict[str, Any]
-    size: int
+    body: bytes  # the job's JSON, encoded once
     answer: asyncio.Future[Answer]
 
 
@@ -73,9 +72,9 @@ class Coalescer:
 
     async def submit(self, body: dict[str, Any]) -> Answer:
         """``body``'s answer, sent alone or with the submits made meanwhile."""
-        size = len(json.dumps(body, separators=(",", ":")))
+        encoded = json.dumps(body, separators=(",", ":")).encode()
         answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Waiting(body, size, answer))
+        self._waiting.append(_Waiting(encoded, answer))
         if self._in_flight < self._max_in_flight:
             self._in_flight += 1
             sender = asyncio.create_task(self._send_while_waiting())
@@ -94,9 +93,9 @@ class Coalescer:
         """The oldest submits waiting, as many as one request carries."""
         taken, size = 0, 0
         for waiting in self._waiting:
-            if taken and (taken >= self._max_jobs or size + waiting.size > self._max_bytes):
+            if taken and (taken >= self._max_jobs or size + len(waiting.body) > self._max_bytes):
                 break
-            taken, size = taken + 1, size + waiting.size
+            taken, size = taken + 1, size + len(waiting.body)
             if not self._bulk:
                 break
         group, self._waiting = self._waiting[:taken], self._waiting[taken:]
