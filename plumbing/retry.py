@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -61,6 +62,30 @@ SQLSTATES = {"40P01": "deadlock", "40001": "serialization_failure"}
 CONNECTION_SQLSTATES = {"57P01", "57P02", "57P03", "53300"}  # shutdown, crash, starting up, full
 
 Classifier = Callable[[BaseException], str | None]
+
+
+class Later:
+    """When to try again something that failed and has no caller waiting to retry it (a
+    worker's offset commit): after ``first_s``, then twice as long each failure up to
+    ``max_s``; ``due()`` says whether now is the time, ``failed()``/``done()`` move it."""
+
+    def __init__(self, first_s: float = 0.5, max_s: float = 8.0) -> None:
+        self._first_s, self._max_s = first_s, max_s
+        self._wait_s = first_s
+        self._at: float | None = None
+
+    def failed(self) -> float:
+        """The next try's wait, in seconds."""
+        wait_s = self._wait_s
+        self._at = time.monotonic() + wait_s
+        self._wait_s = min(wait_s * 2, self._max_s)
+        return wait_s
+
+    def done(self) -> None:
+        self._at, self._wait_s = None, self._first_s
+
+    def due(self) -> bool:
+        return self._at is not None and time.monotonic() >= self._at
 
 
 class Stopped(Exception):

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from plumbing.aio import wait_first
 from plumbing.kafka import cluster_id
-from plumbing.retry import Stopped, outage, retrying
+from plumbing.retry import Later, Stopped, outage, retrying
 from schemas.envelopes import DispatchEnvelope
 from workers.dead_letter_store import record_subject
 from workers.execution import Executor, Progress
@@ -100,6 +100,7 @@ class Worker:
         self._claimed: asyncio.Event | None = None
         self._changed = asyncio.Event()
         self._commit_lock = asyncio.Lock()
+        self._recommit = Later()  # a failed commit is tried again, whatever ends next
         self._paused_since: float | None = None
         self.held: Held | None = None
 
@@ -116,6 +117,8 @@ class Worker:
         self.consumer.subscribe([self._topic], listener=Rebalance(self))
         try:
             while not stop.is_set():
+                if self._recommit.due():
+                    await self.commit()
                 if self.held is None:
                     if not self.gate.room():
                         await self._wait_for_room(stop)
@@ -270,13 +273,15 @@ class Worker:
             offsets = self._offsets
             due = offsets.due()
             if not due:
+                self._recommit.done()
                 return
             try:
                 await self.consumer.commit({tp: offset for tp, offset in due.items()})
-            except COMMIT_ERRORS as exc:
-                log.warning("commit failed, will retry with the next one: %r", exc)
+            except COMMIT_ERRORS as exc:  # a stale member epoch in a rebalance, an outage
+                log.warning("commit failed, again in %.1f s: %r", self._recommit.failed(), exc)
                 return
             offsets.committed(due)
+            self._recommit.done()
 
     async def finish_partitions(
         self, partitions: set[TopicPartition], deadline: float | None = None

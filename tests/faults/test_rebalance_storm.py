@@ -141,6 +141,29 @@ class Storm:
         wait = asyncio.to_thread(member.role.process.wait, DRAIN_S + 60)
         self.drains.append((member, asyncio.create_task(wait)))
 
+    async def _running_on(self, member: Member) -> list[str]:
+        """The running jobs of the partitions ``member`` holds, once it decodes and there
+        are some (the storm moves partitions meanwhile: its list is read again each time);
+        none if that does not come within FREEZE_MAX_S."""
+        try:
+            async with asyncio.timeout(FREEZE_MAX_S):
+                while True:
+                    if await self.decoding(member, within_s=FREEZE_MAX_S):
+                        partitions = holds(member.role)
+                        async with self.db.connect() as conn:
+                            running = await conn.scalars(
+                                select(jobs.c.id).where(
+                                    jobs.c.state == JobState.RUNNING.value,
+                                    jobs.c.dispatch_partition.in_(partitions),
+                                )
+                            )
+                            ids = [str(job) for job in running]
+                        if ids:
+                            return ids
+                    await asyncio.sleep(0.2)
+        except TimeoutError:
+            return []
+
     async def freeze(self, member: Member) -> None:
         """SIGSTOP while it decodes, past its session timeout; SIGCONT as soon as a job
         of its partitions that was running then has been claimed again (the group gave
@@ -149,17 +172,9 @@ class Storm:
         kill of the storm) says nothing of the zombie: it is not counted."""
         self.zombie, self.freezing = member, True
         try:
-            if not await self.decoding(member, within_s=FREEZE_MAX_S):
+            ids = await self._running_on(member)
+            if not ids:
                 return
-            partitions = holds(member.role)
-            async with self.db.connect() as conn:
-                running = await conn.scalars(
-                    select(jobs.c.id).where(
-                        jobs.c.state == JobState.RUNNING.value,
-                        jobs.c.dispatch_partition.in_(partitions),
-                    )
-                )
-                ids = [str(job) for job in running]
             before = await states(self.db, ids)
             member.role.process.send_signal(signal.SIGSTOP)
             try:

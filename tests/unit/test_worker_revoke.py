@@ -1,7 +1,8 @@
 """A revoke while the worker's consumer claims a batch: the claimed jobs are started and end
 like the others (none left ``running`` for nobody), and when the broker's log was replaced
 meanwhile (a broker that lost its data), the jobs running here run to their end and no
-offset of the lost log is committed to the new one."""
+offset of the lost log is committed to the new one. A commit the broker refuses (a stale
+member epoch in a rebalance) is made again, though no other job ends."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, cast
 
 import pytest
 from aiokafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import JobKind, Priority
@@ -40,6 +42,7 @@ class FakeConsumer:
         )
         self.records = [SimpleNamespace(offset=7, value=envelope.to_bytes())]
         self.commits: list[dict[TopicPartition, int]] = []
+        self.refuse = 0  # commits to refuse, as a broker does one of a stale member epoch
         self.listener: Any = None
 
     def subscribe(self, topics: list[str], listener: Any) -> None:
@@ -59,6 +62,9 @@ class FakeConsumer:
         return {}
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if self.refuse:
+            self.refuse -= 1
+            raise KafkaException(KafkaError(KafkaError.STALE_MEMBER_EPOCH))
         self.commits.append(dict(offsets))
 
 
@@ -182,5 +188,23 @@ async def test_on_the_same_log_a_job_claimed_during_the_revoke_ends_before_the_c
     await asyncio.wait_for(revoke, 5)
     assert executor.ended == [JOB]
     assert {TP: 8} in fake.commits
+    stop.set()
+    await asyncio.wait_for(running, 5)
+
+
+async def test_a_refused_commit_is_made_again_though_no_other_job_ends(
+    cluster: dict[str, str],
+) -> None:
+    worker, fake, executor = _worker()
+    fake.refuse = 2
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    executor.claim_done.set()
+    executor.job_done.set()
+    async with asyncio.timeout(5):
+        while not fake.commits:
+            await asyncio.sleep(0.05)
+    assert executor.ended == [JOB]
+    assert fake.commits == [{TP: 8}]  # refused twice, then made: its job was the last
     stop.set()
     await asyncio.wait_for(running, 5)
