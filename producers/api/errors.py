@@ -184,6 +184,21 @@ async def _dbapi(request: Request, exc: DBAPIError) -> JSONResponse:
     return error_response(500, "internal_error", "internal error")
 
 
+# Every failure's handler, the most specific class first (the order ``answer_for`` tries
+# them in; Starlette picks by the exception's class whatever the order).
+_HANDLERS: tuple[tuple[type[Exception], Any], ...] = (
+    (Refused, _refused),
+    (SluicegateError, _sluicegate),
+    (RequestValidationError, _invalid),
+    (BodyTooLarge, _body_limit),
+    (RequestTimeout, _body_limit),
+    (HTTPException, _http),
+    (PoolTimeout, _database_down),
+    (DBAPIError, _dbapi),
+    (OSError, _database_down),
+)
+
+
 async def answer_for(request: Request, exc: Exception) -> JSONResponse | None:
     """What the handlers ``install`` registers answer ``exc`` with (None: not one they
     handle), for a route that answers for many requests in one (``POST /v1/jobs/bulk``)."""
@@ -196,23 +211,5 @@ async def answer_for(request: Request, exc: Exception) -> JSONResponse | None:
 
 def install(app: FastAPI) -> None:
     """Answer every failure the routes, the body limits and the database raise."""
-    app.exception_handler(Refused)(_refused)
-    app.exception_handler(SluicegateError)(_sluicegate)
-    app.exception_handler(RequestValidationError)(_invalid)
-    app.exception_handler(BodyTooLarge)(_body_limit)
-    app.exception_handler(RequestTimeout)(_body_limit)
-    app.exception_handler(HTTPException)(_http)
-    for exc_type in (PoolTimeout, OSError):
-        app.exception_handler(exc_type)(_database_down)
-    app.exception_handler(DBAPIError)(_dbapi)
-
-
-# The handlers in the order ``answer_for`` tries them: the most specific class first.
-_HANDLERS: tuple[tuple[type[Exception], Any], ...] = (
-    (Refused, _refused),
-    (SluicegateError, _sluicegate),
-    (RequestValidationError, _invalid),
-    (PoolTimeout, _database_down),
-    (DBAPIError, _dbapi),
-    (OSError, _database_down),
-)
+    for exc_type, handler in _HANDLERS:
+        app.exception_handler(exc_type)(handler)
