@@ -23,12 +23,12 @@ from plumbing.settings.api import ApiSettings
 from producers.api import openapi
 from producers.api.deps import AppSettings, Groups, Pools, Tenant
 from producers.api.errors import answer_for
-from producers.api.jobs import admitted
+from producers.api.jobs import admitted, stored_answer
 from producers.api.pools import PoolRouter
 from producers.jobs.group_commit import GroupCommit
 from producers.jobs.submission import new_job
 from schemas import constants
-from schemas.api import BulkAnswers, BulkSubmit, SubmitJob, SubmitResponse
+from schemas.api import BulkAnswers, BulkSubmit, SubmitJob
 from schemas.errors import InvalidRequest
 
 router = APIRouter()
@@ -90,19 +90,9 @@ async def _one(
         headers = {k: v for k, v in answer.headers.items() if k in _HEADERS}
         body_of = json.loads(bytes(answer.body))
         return {"status": answer.status_code, "body": body_of, "headers": headers}
-    status_url = f"/v1/jobs/{job.id}"
-    headers = {"location": status_url}
-    if not created:
-        headers[constants.HEADER_IDEMPOTENT_REPLAY.lower()] = "true"
-    stored = SubmitResponse(
-        id=job.id,
-        state=job.state,
-        deadline=job.deadline,
-        created_at=job.created_at,
-        status_url=status_url,
-    )
+    status, stored, headers = stored_answer(job, created)
     return {
-        "status": 202 if created else 200,
+        "status": status,
         "body": stored.model_dump(mode="json"),
-        "headers": headers,
+        "headers": {k.lower(): v for k, v in headers.items()},
     }

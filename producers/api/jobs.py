@@ -67,6 +67,22 @@ def _status_url(job_id: str) -> str:
     return f"/v1/jobs/{job_id}"
 
 
+def stored_answer(job: Job, created: bool) -> tuple[int, SubmitResponse, dict[str, str]]:
+    """A submit's answer once its job is stored: 202 (or 200, a replay), the body and the
+    headers (Location; Idempotent-Replayed on a replay)."""
+    headers = {"Location": _status_url(job.id)}
+    if not created:
+        headers[constants.HEADER_IDEMPOTENT_REPLAY] = "true"
+    answer = SubmitResponse(
+        id=job.id,
+        state=job.state,
+        deadline=job.deadline,
+        created_at=job.created_at,
+        status_url=_status_url(job.id),
+    )
+    return (202 if created else 200), answer, headers
+
+
 async def admitted(
     pools: PoolRouter, groups: GroupCommit, new: NewJob, now: datetime
 ) -> tuple[Job, bool]:
@@ -135,9 +151,7 @@ async def submit(
     now = datetime.now(UTC)
     new = new_job(body, tenant=tenant, header_key=idempotency_key, now=now, api=settings.api)
     job, created = await admitted(pools, groups, new, now)
-    headers = {"Location": _status_url(job.id)}
-    if not created:
-        headers[constants.HEADER_IDEMPOTENT_REPLAY] = "true"
+    status, answer, headers = stored_answer(job, created)
     if wait is not None:
         waiting = Waiting(repo=state.repo, waiters=state.waiters, reads=state.reads)
         job = await waiting.job(job.tenant, job.id, wait, request.receive)
@@ -148,16 +162,9 @@ async def submit(
             status_code=200 if job.state.terminal else 202,
             headers=headers,
         )
-    answer = SubmitResponse(
-        id=job.id,
-        state=job.state,
-        deadline=job.deadline,
-        created_at=job.created_at,
-        status_url=_status_url(job.id),
-    )
     return Response(
         answer.model_dump_json(),
-        status_code=202 if created else 200,
+        status_code=status,
         headers=headers,
         media_type="application/json",
     )
