@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from client.coalesce import Answer, BulkRefused, Coalescer
+from client.coalesce import Answer, BulkRefused, Coalescer, encoded
 from schemas import constants
 from schemas.api import JobList, JobView, SubmitResponse
 from schemas.batches import BatchList, BatchView
@@ -228,7 +228,7 @@ class SluicegateClient:
         if coalescer is not None:
             answer = await coalescer.submit(body)
         else:
-            answer = await self._submit_one(json.dumps(body, separators=(",", ":")).encode())
+            answer = await self._submit_one(encoded(body))
         if answer.status >= 400:
             raise _error_of(answer)
         return answer

@@ -44,6 +44,11 @@ SendOne = Callable[[bytes], Awaitable[Answer]]
 SendMany = Callable[[list[bytes]], Awaitable[list[Answer]]]
 
 
+def encoded(body: dict[str, Any]) -> bytes:
+    """A job's body as the requests carry it: compact JSON, encoded once."""
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 @dataclass
 class _Waiting:
     body: bytes  # the job's JSON, encoded once
@@ -72,9 +77,8 @@ class Coalescer:
 
     async def submit(self, body: dict[str, Any]) -> Answer:
         """``body``'s answer, sent alone or with the submits made meanwhile."""
-        encoded = json.dumps(body, separators=(",", ":")).encode()
         answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Waiting(encoded, answer))
+        self._waiting.append(_Waiting(encoded(body), answer))
         if self._in_flight < self._max_in_flight:
             self._in_flight += 1
             sender = asyncio.create_task(self._send_while_waiting())
@@ -116,8 +120,7 @@ class Coalescer:
                 _settle(waiting.answer, answer)
         except BaseException as exc:  # a transport error, a cancel: every caller sees it
             for waiting in group:
-                if not waiting.answer.done():
-                    waiting.answer.set_exception(exc)
+                _fail(waiting.answer, exc)
             if not isinstance(exc, Exception):
                 raise
 
@@ -125,10 +128,14 @@ class Coalescer:
         try:
             _settle(waiting.answer, await self._one(waiting.body))
         except Exception as exc:
-            if not waiting.answer.done():
-                waiting.answer.set_exception(exc)
+            _fail(waiting.answer, exc)
 
 
 def _settle(future: asyncio.Future[Answer], answer: Answer) -> None:
     if not future.done():  # its caller may have been cancelled
         future.set_result(answer)
+
+
+def _fail(future: asyncio.Future[Answer], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
