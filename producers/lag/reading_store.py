@@ -10,10 +10,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Interval, Select, and_, func, literal, or_, select
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, Insert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
 from plumbing.db import make_engine
@@ -24,6 +25,7 @@ from schemas.tables import lag_readings
 # and group's hash.
 LOCK_CLASS = 0x5167_1A60
 KEYS = ["topic", "consumer_group"]
+VALUES = ("ends", "committed", "open", "unpublished")  # a reading's, compared to rewrite
 
 
 def _keyed(partitions: Mapping[int, int] | None) -> dict[str, int] | None:
@@ -61,21 +63,13 @@ class ReadingStore:
 
     async def write(self, reading: Reading, *, taken_s: float, reader: str) -> None:
         """Store ``reading``, begun ``taken_s`` ago by the database's clock."""
-        row = {
-            "topic": self._topic,
-            "consumer_group": self._group,
-            "reader": reader,
-            "taken_at": func.now() - literal(timedelta(seconds=taken_s), Interval()),
-            "ends": _keyed(reading.ends),
-            "committed": _keyed(reading.committed),
-            "open": _keyed(reading.open),
-            "unpublished": reading.unpublished,
+        values: dict[str, ColumnElement[Any]] = {
+            "ends": literal(_keyed(reading.ends), JSONB()),
+            "open": literal(_keyed(reading.open), JSONB()),
+            "unpublished": literal(reading.unpublished),
         }
-        statement = pg_insert(lag_readings).values(row)
-        update = {k: statement.excluded[k] for k in row if k not in KEYS}
-        await (await self._connection()).execute(
-            statement.on_conflict_do_update(index_elements=KEYS, set_=update)
-        )
+        statement = self._upsert(values, reading.committed, taken_s, reader, None)
+        await (await self._connection()).execute(statement)
 
     def written(
         self,
@@ -90,47 +84,40 @@ class ReadingStore:
         ``open``: ``producers.lag.repository``), begun ``taken_s`` ago by the database's
         clock. With ``rewrite_after_s``, an unchanged row younger than that is left as it
         is. Returns a row if it wrote."""
-        taken_at = func.now() - literal(timedelta(seconds=taken_s), Interval())
-        keyed = literal(_keyed(committed), JSONB())
-        statement = pg_insert(lag_readings).from_select(
-            [
-                "topic",
-                "consumer_group",
-                "reader",
-                "taken_at",
-                "ends",
-                "committed",
-                "open",
-                "unpublished",
-            ],
-            select(
-                literal(self._topic),
-                literal(self._group),
-                literal(reader),
-                taken_at,
-                reading.c.ends,
-                keyed,
-                reading.c.open,
-                reading.c.unpublished,
-            ),
-        )
-        new = statement.excluded
-        update = {
-            k: new[k] for k in ("reader", "taken_at", "ends", "committed", "open", "unpublished")
+        values = {name: reading.c[name] for name in ("ends", "open", "unpublished")}
+        statement = self._upsert(values, committed, taken_s, reader, rewrite_after_s)
+        return statement.returning(literal(1).label("wrote")).cte("shared")
+
+    def _upsert(
+        self,
+        values: Mapping[str, ColumnElement[Any]],
+        committed: Mapping[int, int],
+        taken_s: float,
+        reader: str,
+        rewrite_after_s: float | None,
+    ) -> Insert:
+        """The row of this topic and group inserted, or rewritten (with
+        ``rewrite_after_s``: only when a value changed or the row is that old)."""
+        row: dict[str, ColumnElement[Any]] = {
+            "topic": literal(self._topic),
+            "consumer_group": literal(self._group),
+            "reader": literal(reader),
+            "taken_at": func.now() - literal(timedelta(seconds=taken_s), Interval()),
+            "committed": literal(_keyed(committed), JSONB()),
+            **values,
         }
+        statement = pg_insert(lag_readings).from_select(list(row), select(*row.values()))
+        new = statement.excluded
+        update = {k: new[k] for k in row if k not in KEYS}
         where = None
         if rewrite_after_s is not None:
-            row = lag_readings.c
+            old = lag_readings.c
             where = or_(
-                row.ends.is_distinct_from(new.ends),
-                row.committed.is_distinct_from(new.committed),
-                row.open.is_distinct_from(new.open),
-                row.unpublished.is_distinct_from(new.unpublished),
-                row.taken_at
+                *(old[k].is_distinct_from(new[k]) for k in VALUES),
+                old.taken_at
                 < new.taken_at - literal(timedelta(seconds=rewrite_after_s), Interval()),
             )
-        upsert = statement.on_conflict_do_update(index_elements=KEYS, set_=update, where=where)
-        return upsert.returning(literal(1).label("wrote")).cte("shared")
+        return statement.on_conflict_do_update(index_elements=KEYS, set_=update, where=where)
 
     async def latest(self) -> tuple[datetime, Reading] | None:
         """The stored reading and when it began; its ``age_s`` by the database's clock."""
