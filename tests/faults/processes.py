@@ -96,6 +96,18 @@ def roles(settings: Settings, directory: Path) -> Iterator[Roles]:
                 role.process.wait()
 
 
+async def answering(url: str, within_s: float) -> None:
+    """Until ``url`` answers 200 (a role that started serves it)."""
+    async with asyncio.timeout(within_s), httpx.AsyncClient() as client:
+        while True:
+            try:
+                if (await client.get(url)).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.2)
+
+
 async def jobs_running(probe: httpx.AsyncClient, port: int) -> int | None:
     """Jobs a worker runs now, from the metrics it serves on ``port`` (None until it
     serves them), whatever labels the sample carries (its pool's ``model``)."""

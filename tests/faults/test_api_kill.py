@@ -6,7 +6,6 @@ when the API died, under the same idempotency keys, gets each of those jobs once
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import httpx
@@ -18,29 +17,13 @@ from client.api import ApiError, SluicegateClient, Unreachable
 from plumbing.settings import Settings
 from schemas.jobs import JobKind
 from schemas.tables import jobs, outbox
-from tests.faults.processes import Roles, roles
+from sluicegate.local.embedded import free_port
+from tests.faults.processes import Roles, answering, roles
 
 pytestmark = pytest.mark.timeout(240)
 
 DOC = "An accepted job is durable: the API's answer comes after its commit. " * 20
 LOADED_S = 2.0  # of load before the kill
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def answering(url: str, within_s: float) -> None:
-    async with asyncio.timeout(within_s), httpx.AsyncClient() as client:
-        while True:
-            try:
-                if (await client.get(f"{url}/healthz")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.2)
 
 
 class Load:
@@ -103,7 +86,7 @@ async def test_every_accepted_job_survives_the_api_killed_mid_load(
     load = Load()
     with roles(own, tmp_path) as started:
         api = started.start("api", api_port=port)
-        await answering(url, within_s=60)
+        await answering(f"{url}/healthz", within_s=60)
         async with (
             SluicegateClient(url, tenant="t") as client,
             httpx.AsyncClient(base_url=url, headers={"X-Sluicegate-Tenant": "t"}) as http,
@@ -137,7 +120,7 @@ async def resubmit_and_publish(
     API left unpublished."""
     started.start("api", api_port=port)
     started.start("relay")
-    await answering(url, within_s=60)
+    await answering(f"{url}/healthz", within_s=60)
     async with SluicegateClient(url, tenant="t") as client:
         for key in sorted(load.unknown):
             try:

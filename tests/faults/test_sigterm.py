@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from pathlib import Path
 
-import httpx
 import pytest
 
 from plumbing.settings import Settings
-from tests.faults.processes import roles
+from sluicegate.local.embedded import free_port
+from tests.faults.processes import answering, roles
 
 pytestmark = pytest.mark.timeout(180)
 
 ROLES = ("api", "relay", "worker", "webhooks")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def answering(url: str, within_s: float) -> None:
-    async with asyncio.timeout(within_s), httpx.AsyncClient() as client:
-        while True:
-            try:
-                if (await client.get(url)).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.2)
 
 
 async def test_every_role_exits_zero_on_sigterm(settings: Settings, tmp_path: Path) -> None:

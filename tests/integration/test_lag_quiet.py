@@ -43,8 +43,11 @@ def shared(
     db: AsyncEngine,
     activity: Activity | None = None,
     stale_after_s: float | None = None,
+    reuses: bool = True,
 ) -> tuple[SharedLagSource, KafkaLagSource]:
-    source = local(settings, db, activity)
+    """``reuses``: whether its broker part reuses PostgreSQL's part while nothing is heard
+    (False: each read runs its statement)."""
+    source = local(settings, db, activity if reuses else None)
     replica = SharedLagSource(
         source,
         url=settings.require_database_url(),
@@ -128,17 +131,10 @@ async def test_a_reading_read_from_postgresql_is_stored_by_its_own_statement_whe
 ) -> None:
     # The reader's broker part reuses nothing (no activity): each read runs its statement,
     # which stores the reading only when it changed or the row is half stale.
-    activity = heard()
-    source = local(settings, db, None)
-    reader = SharedLagSource(
-        source,
-        url=settings.require_database_url(),
-        topic=settings.dispatch_topic,
-        group=settings.consumer_group,
-        stale_after_s=1.0,
-        activity=activity,
+    (reader, source), (plain, _) = (
+        shared(settings, db, heard(), stale_after_s=1.0, reuses=False),
+        shared(settings, db),
     )
-    (plain, _) = shared(settings, db)
     try:
         await reader.read()
         assert reader.reader
