@@ -1,6 +1,8 @@
 """A job's end, written by the attempt that ran it: the terminal state and its event in one
-statement (one round trip, its own transaction), which also marks the events this worker
-published at once since its last statement (``plumbing.at_once``)."""
+statement, which also marks the events this worker published at once since its last
+statement (``plumbing.at_once``). With a ``Carpool``, the statement waits a little to ride in
+the worker's next claim transaction (one commit for both); else, or when no claim came, it
+is its own transaction."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from plumbing.at_once import AtOnce
-from plumbing.mark_store import MARKS, OutboxRow
+from plumbing.carpool import Carpool
+from plumbing.mark_store import MARKS, Mark, OutboxRow
 from plumbing.mark_store import params as marked
 from schemas.envelopes import JobEvent
 from schemas.states import JobState
@@ -40,11 +43,17 @@ _MARKING = text(_FINISH.replace("MARKS", f", {MARKS}"))
 
 class EndRepository:
     def __init__(
-        self, engine: AsyncEngine, *, events_topic: str, at_once: AtOnce | None = None
+        self,
+        engine: AsyncEngine,
+        *,
+        events_topic: str,
+        at_once: AtOnce | None = None,
+        carpool: Carpool | None = None,
     ) -> None:
         self._engine = engine
         self._events_topic = events_topic
         self.at_once = at_once  # publishes the events at once
+        self._carpool = carpool or Carpool(0.0)
 
     async def finish(
         self,
@@ -89,7 +98,20 @@ class EndRepository:
             "payload": payload,
             "grace_s": self.at_once.grace_s if self.at_once is not None else None,
         }
-        event_id = await self._write(params)
+        taken: list[Mark] = []
+
+        def undo() -> None:  # its carrier failed: the marks wait for the next statement
+            if self.at_once is not None:
+                self.at_once.restore(taken)
+            taken.clear()
+
+        async def ride(conn: AsyncConnection) -> int | None:
+            taken.extend(self.at_once.take() if self.at_once is not None else [])
+            return await self._on(conn, params, taken)
+
+        event_id = await self._carpool.ride(
+            ride, lambda: self._write(params), locks=[job.id], undo=undo
+        )
         if event_id is None:
             return False
         if self.at_once is not None:
@@ -99,16 +121,23 @@ class EndRepository:
         return True
 
     async def _write(self, params: dict[str, Any]) -> int | None:
-        """The statement, with the marks waiting (given back if it fails)."""
+        """The statement alone, with the marks waiting."""
         marks = self.at_once.take() if self.at_once is not None else []
         async with self._engine.connect() as conn:
-            try:
-                if marks:
-                    found = await conn.scalar(_MARKING, {**params, **marked(marks, ())})
-                else:
-                    found = await conn.scalar(_ALONE, params)
-            except DBAPIError:
-                if self.at_once is not None:
-                    self.at_once.restore(marks)
-                raise
+            return await self._on(conn, params, marks)
+
+    async def _on(
+        self, conn: AsyncConnection, params: dict[str, Any], marks: list[Mark]
+    ) -> int | None:
+        """The statement on ``conn``, with ``marks`` (given back if it fails)."""
+        try:
+            if marks:
+                found = await conn.scalar(_MARKING, {**params, **marked(marks, ())})
+            else:
+                found = await conn.scalar(_ALONE, params)
+        except DBAPIError:
+            if self.at_once is not None:
+                self.at_once.restore(marks)
+            marks.clear()
+            raise
         return None if found is None else int(found)

@@ -3,6 +3,7 @@ states, and re-read the states of the jobs running here."""
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -11,9 +12,12 @@ from typing import Any
 
 from sqlalchemy import Select, cast, func, insert, literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from plumbing.carpool import Boarded, Carpool
 from plumbing.db import transaction
+from plumbing.lock_store import locking_in_order
 from schemas import reasons
 from schemas.envelopes import JobEvent
 from schemas.jobs import JobKind
@@ -24,6 +28,8 @@ from workers.engines.base import SamplingParams
 from workers.gate import Candidate, Drop
 
 Judge = Callable[[Candidate], Drop | None]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,11 +103,18 @@ def _reason(error: Mapping[Any, Any] | None, state: str) -> str:
 
 class WorkerRepository:
     def __init__(
-        self, engine: AsyncEngine, *, events_topic: str, dead_letter_topic: str = "dead-letter"
+        self,
+        engine: AsyncEngine,
+        *,
+        events_topic: str,
+        dead_letter_topic: str = "dead-letter",
+        carpool: Carpool | None = None,
     ) -> None:
+        """``carpool``: the job ends waiting to ride in the next claim's transaction."""
         self._engine = engine
         self._events_topic = events_topic
         self._dead_letter_topic = dead_letter_topic
+        self._carpool = carpool or Carpool(0.0)
 
     async def set_aside(self, *, subject: str, reason: str, payload: bytes) -> None:
         """A dispatch record this worker cannot run, dead-lettered with the reason."""
@@ -125,11 +138,46 @@ class WorkerRepository:
         then finds the job either running (it is aborted) or dropped (the cancel is a
         conflict): one terminal state either way. A job judged fit is claimed (``running``,
         a new attempt); a dropped one gets its terminal state and event here, unless it
-        already had one. Unknown ids map to None.
+        already had one. Unknown ids map to None. The job ends waiting in the carpool are
+        written in the same transaction, before the claim.
         """
+        if self._carpool.waiting:
+            try:
+                return await self._claim_batch(job_ids, judge, count_tokens, self._carpool.board())
+            except DBAPIError as exc:  # its riders run alone; the claim is tried again alone
+                if exc.connection_invalidated:
+                    raise
+                log.warning("a claim carrying job ends failed; claiming alone: %r", exc)
+        return await self._claim_batch(job_ids, judge, count_tokens, Boarded())
+
+    async def _claim_batch(
+        self,
+        job_ids: list[str],
+        judge: Judge,
+        count_tokens: Callable[[str], int],
+        riders: Boarded,
+    ) -> dict[str, Claimed | Drop | None]:
+        try:
+            out = await self._claim_with(job_ids, judge, count_tokens, riders)
+        except BaseException:
+            riders.settle(committed=False)
+            raise
+        riders.settle(committed=True)
+        return out
+
+    async def _claim_with(
+        self,
+        job_ids: list[str],
+        judge: Judge,
+        count_tokens: Callable[[str], int],
+        riders: Boarded,
+    ) -> dict[str, Claimed | Drop | None]:
         now = datetime.now(UTC)
         out: dict[str, Claimed | Drop | None] = dict.fromkeys(job_ids)
         async with transaction(self._engine) as conn:
+            if riders.riders:  # their rows and the claimed ones, locked in one order
+                await conn.execute(locking_in_order(jobs, jobs.c.id.in_(job_ids + riders.locks)))
+                await riders.run(conn)
             rows = (
                 (
                     await conn.execute(

@@ -10,6 +10,7 @@ from aiokafka import AIOKafkaConsumer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.at_once import at_once_of
+from plumbing.carpool import Carpool
 from plumbing.db import make_engine
 from plumbing.kafka import close_client, make_consumer
 from plumbing.metrics import label
@@ -208,8 +209,13 @@ async def run_worker(
         )
         if consumer is None:
             return
+        # A job's end waits up to end_linger_ms to ride in the next claim's transaction.
+        carpool = Carpool(own.end_linger_ms / 1000)
         repo = WorkerRepository(
-            db, events_topic=settings.events_topic, dead_letter_topic=settings.dead_letter_topic
+            db,
+            events_topic=settings.events_topic,
+            dead_letter_topic=settings.dead_letter_topic,
+            carpool=carpool,
         )
         control = Control(
             engine=inference,
@@ -227,7 +233,9 @@ async def run_worker(
             executor = Executor(
                 engine=inference,
                 repo=repo,
-                ends=EndRepository(db, events_topic=settings.events_topic, at_once=at_once),
+                ends=EndRepository(
+                    db, events_topic=settings.events_topic, at_once=at_once, carpool=carpool
+                ),
                 control=control,
                 predecode=build_predecode(own, gate),
                 # A revoked owner's jobs end or are aborted within its drain.

@@ -1,0 +1,111 @@
+"""Writes that ride in another transaction instead of committing alone.
+
+A write that may wait a little (a job's end on a worker) ``ride``s: it waits up to
+``linger_s`` for the next transaction the process opens anyway (a worker's claim), which
+``board``s it: runs it on its connection, inside its transaction, so that both commit
+together (one commit, one WAL flush instead of two). A rider that no transaction boarded
+within ``linger_s`` runs ``alone``, as it would have without the pool.
+
+A boarding transaction that fails takes its riders' writes with it: each is undone
+(``undo``) and runs alone; so does one whose caller gave up. Riders name the rows they lock
+(``locks``), so that the carrier can lock them with its own rows in one order
+(``plumbing.lock_store``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+T = TypeVar("T")
+
+_ALONE: Any = object()  # the answer to a rider whose carrier failed: run alone
+
+
+@dataclass(eq=False)
+class _Rider:
+    write: Callable[[AsyncConnection], Awaitable[Any]]
+    undo: Callable[[], None] | None
+    locks: Sequence[str]
+    done: asyncio.Future[Any]
+
+
+@dataclass
+class Boarded:
+    """The riders a transaction ran, to be told how it ended (``settle``)."""
+
+    riders: list[_Rider] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)
+
+    @property
+    def locks(self) -> list[str]:
+        """The rows the riders lock."""
+        return [key for rider in self.riders for key in rider.locks]
+
+    async def run(self, conn: AsyncConnection) -> None:
+        """Run the riders' writes on ``conn``, in its transaction."""
+        for rider in self.riders:
+            self.results.append(await rider.write(conn))
+
+    def settle(self, committed: bool) -> None:
+        """Committed: each rider gets its write's result; else each is undone and runs
+        alone."""
+        for rider, result in zip(self.riders, self.results, strict=False):
+            if not committed and rider.undo is not None:
+                rider.undo()
+            if not rider.done.done():
+                rider.done.set_result(result if committed else _ALONE)
+        for rider in self.riders[len(self.results) :]:  # not run: their carrier failed first
+            if not rider.done.done():
+                rider.done.set_result(_ALONE)
+        self.riders, self.results = [], []
+
+
+class Carpool:
+    def __init__(self, linger_s: float) -> None:
+        """``linger_s``: how long a rider waits for a transaction (0: every write alone)."""
+        self.linger_s = linger_s
+        self._waiting: list[_Rider] = []
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def ride(
+        self,
+        write: Callable[[AsyncConnection], Awaitable[T]],
+        alone: Callable[[], Awaitable[T]],
+        *,
+        locks: Sequence[str] = (),
+        undo: Callable[[], None] | None = None,
+    ) -> T:
+        """``write``'s result once a transaction that ran it committed, or ``alone``'s."""
+        if self.linger_s <= 0:
+            return await alone()
+        rider = _Rider(write, undo, locks, asyncio.get_running_loop().create_future())
+        self._waiting.append(rider)
+        try:
+            result = await asyncio.wait_for(asyncio.shield(rider.done), self.linger_s)
+        except TimeoutError:
+            if rider in self._waiting:  # no transaction came: alone
+                self._waiting.remove(rider)
+                return await alone()
+            result = await rider.done  # boarded: its transaction is ending
+        except asyncio.CancelledError:
+            if rider in self._waiting:
+                self._waiting.remove(rider)
+            raise
+        if result is _ALONE:
+            return await alone()
+        return cast(T, result)
+
+    def board(self) -> Boarded:
+        """The waiting riders, taken by a transaction: it runs them (``Boarded.run``) and
+        settles them once it ended."""
+        boarded = Boarded(riders=self._waiting)
+        self._waiting = []
+        return boarded
