@@ -1,10 +1,11 @@
 """Writes that ride in another transaction instead of committing alone.
 
-A write that may wait a little (a job's end on a worker) ``ride``s: it waits up to
-``linger_s`` for the next transaction the process opens anyway (a worker's claim), which
-``board``s it: runs it on its connection, inside its transaction, so that both commit
-together (one commit, one WAL flush instead of two). A rider that no transaction boarded
-within ``linger_s`` runs ``alone``, as it would have without the pool.
+A write that may wait a little (a job's end on a worker, a periodic reading on the API)
+``ride``s: it waits up to ``linger_s`` for the next transaction the process opens anyway (a
+worker's claim, a group of submits), which ``board``s it: runs it on its connection, inside
+its transaction, so that both commit together (one commit, one WAL flush instead of two).
+A rider that no transaction boarded within ``linger_s`` runs ``alone``, as it would have
+without the pool.
 
 A boarding transaction that fails takes its riders' writes with it: each is undone
 (``undo``) and runs alone; so does one whose caller gave up. Riders name the rows they lock
@@ -19,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 T = TypeVar("T")
 
@@ -109,3 +110,18 @@ class Carpool:
         boarded = Boarded(riders=self._waiting)
         self._waiting = []
         return boarded
+
+
+async def on(
+    carpool: Carpool | None, engine: AsyncEngine, run: Callable[[AsyncConnection], Awaitable[T]]
+) -> T:
+    """``run`` riding in ``carpool``'s next transaction, or on a connection of ``engine``'s
+    (autocommit: a statement is its own transaction) when none boards it."""
+
+    async def alone() -> T:
+        async with engine.connect() as conn:
+            return await run(conn)
+
+    if carpool is None:
+        return await alone()
+    return await carpool.ride(run, alone)

@@ -112,11 +112,15 @@ def build_predecode(worker: WorkerSettings, gate: PullGate) -> PreDecodeGate:
 
 
 def build_presence(
-    settings: Settings, db: AsyncEngine, engine: InferenceEngine, gate: PullGate
+    settings: Settings,
+    db: AsyncEngine,
+    engine: InferenceEngine,
+    gate: PullGate,
+    carpool: Carpool | None = None,
 ) -> Presence:
     own = settings.worker
     return Presence(
-        PresenceRepository(db),
+        PresenceRepository(db, carpool),
         worker=worker_id(own.worker_group_instance_id),
         # Its pool's model; without pools, as the started engine names it.
         model=settings.worker_model
@@ -254,9 +258,8 @@ async def run_worker(
             if on_worker is not None:
                 on_worker(worker)
             presence_stop = asyncio.Event()
-            presence = asyncio.create_task(
-                build_presence(settings, db, inference, gate).run(presence_stop), name="presence"
-            )
+            reporting = build_presence(settings, db, inference, gate, carpool)
+            presence = asyncio.create_task(reporting.run(presence_stop), name="presence")
             try:
                 await worker.run(stop)
             finally:

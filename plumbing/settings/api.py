@@ -157,3 +157,12 @@ class ApiSettings(SettingsGroup):
         le=64,
         description="Groups of submits being written at once.",
     )
+    ride_linger_ms: float = Field(
+        default=200.0,
+        ge=0,
+        le=5000,
+        description="How long the API's own periodic reads (the lag reading, the flow "
+        "report, the jobs-by-state gauge) wait to ride in the next group of submits' "
+        "transaction instead of committing alone. Under load a submit comes within "
+        "milliseconds; idle, a read runs alone this much later. 0: each reads alone.",
+    )

@@ -14,6 +14,7 @@ from starlette.datastructures import State
 
 from plumbing.activity import Activity
 from plumbing.at_once import AtOnce, at_once_of
+from plumbing.carpool import Carpool
 from plumbing.db import make_engine
 from plumbing.notify import JobNotice, Listener
 from plumbing.pools import Pool, Pools
@@ -59,6 +60,7 @@ class Services:
     waiters: Waiters
     reads: Reads
     at_once: AtOnce | None = None  # publishes the submits' dispatch records at once
+    carpool: Carpool | None = None  # the periodic reads riding in the submits' transactions
 
     def publish(self, state: State) -> None:
         for field in fields(self):
@@ -78,13 +80,17 @@ class Lifespan:
     @asynccontextmanager
     async def __call__(self, app: FastAPI) -> AsyncIterator[None]:
         pools = Pools(self.settings)
+        # The periodic reads ride in the submits' transactions (plumbing.carpool).
+        carpool = Carpool(self.settings.api.ride_linger_ms / 1000)
         activity = Activity()  # what the jobs listener hears (quiet loops wait on it)
         batch_activity = Activity()  # what it hears of batch jobs (the meter, the lifecycle)
         async with (
             _engines(self.settings, self.engine) as (db, submit_db),
-            _lag_sources(pools, db, self.lag_source, activity) as sources,
+            _lag_sources(pools, db, self.lag_source, activity, carpool) as sources,
         ):
-            services = build(self.settings, db, submit_db, pools, sources, batch_activity)
+            services = build(
+                self.settings, db, submit_db, pools, sources, batch_activity, carpool=carpool
+            )
             services.publish(app.state)
             for pool in services.pools:  # serve with a reading, not with "unknown"
                 await pool.monitor.refresh()
@@ -100,9 +106,12 @@ def build(
     pools: Pools,
     sources: Sequence[tuple[Pool, LagSource]],
     batch_activity: Activity | None = None,
+    *,
+    carpool: Carpool | None = None,
 ) -> Services:
     """``batch_activity``: what the process hears of batch jobs; the batch meters and
-    lifecycle wait on it alone, so a stream of single submits does not wake them."""
+    lifecycle wait on it alone, so a stream of single submits does not wake them.
+    ``carpool``: the periodic reads that ride in the groups of submits' transactions."""
     repo = JobRepository(
         db,
         dispatch_topic=settings.dispatch_topic,
@@ -114,6 +123,7 @@ def build(
     repo.at_once = at_once_of(
         settings, submit_db, topics=pools.topic_partitions(), dispatch_topics=pools.topics()
     )
+    repo.carpool = carpool
     limits = TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm)
     router = PoolRouter(
         pools,
@@ -142,6 +152,7 @@ def build(
         waiters=Waiters(limit=settings.api_max_connections),
         reads=Reads(repo),
         at_once=repo.at_once,
+        carpool=carpool,
     )
 
 
@@ -168,13 +179,21 @@ async def _engines(
 
 @asynccontextmanager
 async def _lag_sources(
-    pools: Pools, db: AsyncEngine, given: LagSource | None, activity: Activity
+    pools: Pools,
+    db: AsyncEngine,
+    given: LagSource | None,
+    activity: Activity,
+    carpool: Carpool | None = None,
 ) -> AsyncIterator[list[tuple[Pool, LagSource]]]:
     """Each pool's lag source (``given``: the first pool's)."""
     sources: list[tuple[Pool, LagSource]] = []
     try:
         for pool in pools:
-            own = given if given is not None and pool.first else lag_source(pool, db, activity)
+            own: LagSource
+            if given is not None and pool.first:
+                own = given
+            else:
+                own = lag_source(pool, db, activity, carpool)
             sources.append((pool, own))
         yield sources
     finally:
@@ -225,7 +244,15 @@ async def _background(
     for pool in services.pools:
         model = pool.pool.model
         at = (pool.pool.topic, pool.pool.first)
-        flow = report_flow(services.repo, pool.monitor, stop, pool.admission.observe, at, activity)
+        flow = report_flow(
+            services.repo,
+            pool.monitor,
+            stop,
+            pool.admission.observe,
+            at,
+            activity,
+            via=services.carpool,
+        )
         tasks += [
             asyncio.create_task(pool.monitor.run(stop), name=f"lag-monitor {model}"),
             asyncio.create_task(flow, name=f"flow {model}"),
@@ -234,7 +261,11 @@ async def _background(
     tasks += [
         asyncio.create_task(
             report_jobs_by_state(
-                OverviewStore(db), stop, interval_s=lag_interval_s, activity=activity
+                OverviewStore(db),
+                stop,
+                interval_s=lag_interval_s,
+                activity=activity,
+                via=services.carpool,
             ),
             name="jobs-by-state",
         ),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.activity import Activity
+from plumbing.carpool import Carpool
 from plumbing.pools import Pool, Pools
 from producers.admission.controller import AdmissionController
 from producers.admission.policy import Policy
@@ -100,10 +101,11 @@ def pool_services(
 
 
 def lag_source(
-    pool: Pool, db: AsyncEngine, activity: Activity | None = None
+    pool: Pool, db: AsyncEngine, activity: Activity | None = None, carpool: Carpool | None = None
 ) -> KafkaLagSource | SharedLagSource:
     """The pool's lag, read from its group's committed offsets on its topic; quiet while
-    ``activity`` hears nothing (``producers.lag.kafka``, ``producers.lag.shared``)."""
+    ``activity`` hears nothing (``producers.lag.kafka``, ``producers.lag.shared``); its
+    statement rides in ``carpool``."""
     s = pool.settings
     local = KafkaLagSource(
         db=db,
@@ -114,6 +116,7 @@ def lag_source(
         count_open=s.lag_measure == "open",
         first=pool.first,
         activity=activity,
+        carpool=carpool,
     )
     if s.lag_reader == "own":
         return local

@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Update, and_, func, insert, select, true, update
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
+from plumbing.carpool import Carpool, on
 from plumbing.db import transaction
 from producers.jobs.submit_repository import SubmitRepository
 from producers.outbox.repository import of_pool
@@ -211,9 +214,12 @@ class JobRepository(SubmitRepository):
             rows = (await conn.execute(query)).mappings().all()
         return [job_from_row(r) for r in rows[:limit]], len(rows) > limit
 
-    async def flow(self, topic: str | None = None, first: bool = True) -> Flow:
+    async def flow(
+        self, topic: str | None = None, first: bool = True, via: Carpool | None = None
+    ) -> Flow:
         """In-flight jobs (L) and the mean submit-to-terminal time (W) of recent ones: of
-        the pool whose dispatch topic is ``topic`` (``first``: the first pool), or of all."""
+        the pool whose dispatch topic is ``topic`` (``first``: the first pool), or of all;
+        riding in ``via``'s next transaction when one comes."""
         pool = of_pool(topic, first) if topic is not None else true()
         now = (
             select(
@@ -245,10 +251,12 @@ class JobRepository(SubmitRepository):
             .subquery("recent")
         )
         # One statement: both aggregates give one row each.
-        async with self._engine.connect() as conn:
-            row = (
-                await conn.execute(select(now, recent).select_from(now.join(recent, true())))
-            ).one()
+        query = select(now, recent).select_from(now.join(recent, true()))
+
+        async def read(conn: AsyncConnection) -> Row[Any]:
+            return (await conn.execute(query)).one()
+
+        row = await on(via, self._engine, read)
         return Flow(
             in_flight=int(row.in_flight),
             running=int(row.running),

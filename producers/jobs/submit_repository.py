@@ -15,6 +15,8 @@ from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from plumbing.at_once import AtOnce
+from plumbing.carpool import Boarded, Carpool
+from plumbing.db import transaction
 from plumbing.mark_store import MARKS, OutboxRow
 from plumbing.mark_store import params as marked
 from schemas.envelopes import DispatchEnvelope
@@ -164,6 +166,7 @@ class SubmitRepository:
         self._topic_of = topic_of or (lambda _model: dispatch_topic)
         self._dispatch = frozenset(dispatch_topics or [dispatch_topic])
         self.at_once: AtOnce | None = None  # publishes the dispatch records at once
+        self.carpool: Carpool | None = None  # readings that ride in a group's transaction
 
     async def submit(self, new: NewJob) -> tuple[Job, bool]:
         """Store the job and its dispatch outbox row in one transaction.
@@ -203,12 +206,7 @@ class SubmitRepository:
             "topics": [self._topic_of(n.model) for n in group],
         }
         params["grace_s"] = self.at_once.grace_s if self.at_once is not None else None
-        async with self._autocommit.connect() as conn:
-            # One statement is its own transaction: its answer comes after its commit.
-            rows = await self._write(conn, params)
-            created = {r.id: r for r in rows}
-            missing = [n for job_id, n in zip(ids, group, strict=True) if job_id not in created]
-            replayed = await self._replays(conn, missing) if missing else {}
+        created, replayed = await self._stored(group, ids, params)
         if self.at_once is not None:
             self.at_once.offer(
                 [
@@ -227,6 +225,42 @@ class SubmitRepository:
             else:
                 answers.append(_replay(new, replayed.get((new.tenant, new.idempotency_key))))
         return answers
+
+    async def _stored(
+        self, group: Sequence[NewJob], ids: list[str], params: dict[str, Any]
+    ) -> tuple[dict[Any, Row[Any]], dict[tuple[str, str | None], tuple[Job, str | None]]]:
+        """The group's statement: on its own (one statement is its own transaction: its
+        answer comes after its commit), or in one transaction with the readings waiting in
+        ``carpool``, before it. A transaction that fails is tried once more alone, unless
+        its connection broke (its outcome is not known); its riders run alone."""
+        riders = self.carpool.board() if self.carpool is not None else Boarded()
+        if riders.riders:
+            try:
+                async with transaction(self._autocommit) as conn:
+                    await riders.run(conn)
+                    stored = await self._on(conn, group, ids, params)
+            except DBAPIError as exc:
+                riders.settle(committed=False)
+                if exc.connection_invalidated or isinstance(exc, InterfaceError):
+                    raise
+            except BaseException:
+                riders.settle(committed=False)
+                raise
+            else:
+                riders.settle(committed=True)
+                return stored
+        async with self._autocommit.connect() as conn:
+            return await self._on(conn, group, ids, params)
+
+    async def _on(
+        self, conn: AsyncConnection, group: Sequence[NewJob], ids: list[str], params: dict[str, Any]
+    ) -> tuple[dict[Any, Row[Any]], dict[tuple[str, str | None], tuple[Job, str | None]]]:
+        """The group written on ``conn``, and the jobs first stored under the keys it
+        replays."""
+        rows = await self._write(conn, params)
+        created = {r.id: r for r in rows}
+        missing = [n for job_id, n in zip(ids, group, strict=True) if job_id not in created]
+        return created, await self._replays(conn, missing) if missing else {}
 
     async def _write(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Row[Any]]:
         """The group written, with the marks of the rows published at once since the last

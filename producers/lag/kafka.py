@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.activity import QUIET_S, Activity
+from plumbing.carpool import Carpool
 from plumbing.kafka import GroupReader
 from producers.lag.repository import LagRepository, Share
 from producers.lag.rule import Reading
@@ -51,13 +52,20 @@ class KafkaLagSource:
         count_open: bool = True,
         first: bool = True,
         activity: Activity | None = None,
+        carpool: Carpool | None = None,
     ) -> None:
-        """``activity``: what this process hears (None: PostgreSQL is read every time)."""
+        """``activity``: what this process hears (None: PostgreSQL is read every time);
+        ``carpool``: PostgreSQL's part rides in the next submit's transaction."""
         self._topic = topic
         self._partitions = partitions
         self._reader = GroupReader(bootstrap, group_id)
         self._repository = LagRepository(
-            db, topic=topic, partitions=partitions, count_open=count_open, first=first
+            db,
+            topic=topic,
+            partitions=partitions,
+            count_open=count_open,
+            first=first,
+            carpool=carpool,
         )
         self._activity = activity
         self._settled: _Settled | None = None

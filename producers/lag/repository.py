@@ -22,10 +22,11 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
+from plumbing.carpool import Carpool, on
 from producers.lag.rule import Reading
 from producers.outbox.repository import of_pool
 from schemas.states import JobState
@@ -58,9 +59,12 @@ class LagRepository:
         partitions: int,
         count_open: bool = True,
         first: bool = True,
+        carpool: Carpool | None = None,
     ) -> None:
-        """``first``: the first pool's topic (its jobs include those stored before pools)."""
+        """``first``: the first pool's topic (its jobs include those stored before pools);
+        ``carpool``: the reading rides in the next submit's transaction when one comes."""
         self._db = db
+        self._carpool = carpool
         self._topic = topic
         self._first = first
         self._partitions = partitions
@@ -103,11 +107,14 @@ class LagRepository:
         query = select(
             ends.label("ends"), unpublished.label("unpublished"), open_jobs.label("open")
         )
-        async with self._db.connect() as conn:
-            mark = marker() if marker is not None else None
-            if share is not None:
-                query = _shared(query, share, committed)
-            row = (await conn.execute(query)).one()
+        if share is not None:
+            query = _shared(query, share, committed)
+
+        async def read(conn: AsyncConnection) -> tuple[int | None, Any]:
+            mark = marker() if marker is not None else None  # as its snapshot begins
+            return mark, (await conn.execute(query)).one()
+
+        mark, row = await on(self._carpool, self._db, read)
         if share is not None:
             share.done(bool(row.wrote))
         ends_of = {int(p): int(n) for p, n in row.ends.items()}

@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 
 from plumbing.activity import QUIET_S, Activity
 from plumbing.aio import wait_first
+from plumbing.carpool import Carpool
 from producers.metrics import JOBS_BY_STATE
 from producers.overview.repository import UNENDED, OverviewStore
 
@@ -45,9 +46,11 @@ async def report_jobs_by_state(
     *,
     interval_s: float,
     activity: Activity | None = None,
+    via: Carpool | None = None,
 ) -> None:
     """Every ``interval_s`` until ``stop``: read the counts and set the gauge. A failed read
-    is logged (once an outage), and the gauge keeps its last reading."""
+    is logged (once an outage), and the gauge keeps its last reading. ``via``: the reads
+    ride in the next submits' transaction."""
     gauge = JobsByState()
     interval_s = max(interval_s, MIN_INTERVAL_S)
     failing = False
@@ -57,7 +60,7 @@ async def report_jobs_by_state(
         version = activity.version if activity is not None else 0
         quiet = False
         try:
-            counts = await store.unended()
+            counts = await store.unended(via)
         except (DBAPIError, OSError) as exc:
             if not failing:  # once, not at every interval of an outage
                 log.warning("jobs-by-state gauge: cannot read the jobs: %r", exc)

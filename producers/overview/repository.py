@@ -8,8 +8,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Select, func, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from plumbing.carpool import Carpool, on
 from producers.jobs.repository import job_model
 from schemas.states import TERMINAL_STATES, JobState
 from schemas.tables import jobs, workers
@@ -60,10 +61,14 @@ class OverviewStore:
             ]
         return sorted((str(m), str(s), int(n)) for m, s, n in rows)
 
-    async def unended(self) -> list[tuple[str, str, int]]:
-        """(model, state, count) of every tenant's jobs not ended (the jobs-by-state gauge)."""
-        async with self._engine.connect() as conn:
-            rows = (await conn.execute(unended_counts(None))).all()
+    async def unended(self, via: Carpool | None = None) -> list[tuple[str, str, int]]:
+        """(model, state, count) of every tenant's jobs not ended (the jobs-by-state gauge),
+        riding in ``via``'s next transaction when one comes."""
+
+        async def read(conn: AsyncConnection) -> list[tuple[Any, ...]]:
+            return [tuple(r) for r in await conn.execute(unended_counts(None))]
+
+        rows = await on(via, self._engine, read)
         return sorted((str(m), str(s), int(n)) for m, s, n in rows)
 
     async def drops(self, tenant: str | None, window_s: float) -> list[tuple[str, str, int]]:

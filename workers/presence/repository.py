@@ -1,5 +1,7 @@
 """A worker's row in ``workers``: written when its report changes and at least every other
-``worker_report_s``, deleted at a clean stop (``workers.presence``); each one statement."""
+``worker_report_s``, deleted at a clean stop (``workers.presence``); each one statement. A
+report rides in the worker's next claim transaction (``plumbing.carpool``) when one comes
+within the carpool's linger."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ from dataclasses import asdict, dataclass
 
 from sqlalchemy import delete, func
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from plumbing.carpool import Carpool, on
 from schemas.tables import workers
 
 
@@ -23,19 +26,22 @@ class WorkerReport:
 
 
 class PresenceRepository:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, carpool: Carpool | None = None) -> None:
         self._engine = engine
+        self._carpool = carpool
 
     async def report(self, report: WorkerReport) -> None:
         values = asdict(report)
         upsert = insert(workers).values(**values)
         changed = {k: v for k, v in values.items() if k != "id"}
-        async with self._engine.connect() as conn:  # one statement: no transaction
-            await conn.execute(
-                upsert.on_conflict_do_update(
-                    index_elements=[workers.c.id], set_={**changed, "seen_at": func.now()}
-                )
-            )
+        statement = upsert.on_conflict_do_update(
+            index_elements=[workers.c.id], set_={**changed, "seen_at": func.now()}
+        )
+
+        async def write(conn: AsyncConnection) -> None:
+            await conn.execute(statement)
+
+        await on(self._carpool, self._engine, write)
 
     async def leave(self, worker_id: str) -> None:
         async with self._engine.connect() as conn:
