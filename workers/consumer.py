@@ -32,8 +32,7 @@ from workers.repository import Claimed
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 500
-# While paused, how often capacity is looked at again (a remote engine's changes between
-# its scrapes) and the broker polled to stay in the group.
+# While paused, how often capacity is looked at again and the broker polled to stay in the group.
 RECHECK_S = 0.05
 COMMIT_ERRORS = (KafkaError, KafkaException)
 
@@ -99,6 +98,7 @@ class Worker:
         # Set once the batch being claimed now has been started (None: no claim under way).
         self._claimed: asyncio.Event | None = None
         self._changed = asyncio.Event()
+        gate.on_release = self._changed.set  # room, before the job's end is written
         self._commit_lock = asyncio.Lock()
         self._recommit = Later()  # a failed commit is tried again, whatever ends next
         self._paused_since: float | None = None

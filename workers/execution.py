@@ -45,6 +45,8 @@ class Progress(Protocol):
 
     def completed(self, output_tokens: int) -> None: ...
 
+    def ended(self) -> None: ...
+
 
 @dataclass
 class Decoded:
@@ -124,6 +126,7 @@ class Executor:
         running = self.control.track(job, f"{job.id}:{job.attempt}")
         try:
             decoded = await self._decode(running, progress)
+            progress.ended()  # its KV is free before its end is written
             if running.reason is not None:
                 ended = await self._stopped(running)
             elif decoded.failure is not None:

@@ -16,6 +16,7 @@ deadline by running faster than the engine measurably runs, is dropped without a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -25,9 +26,8 @@ from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import JobKind
 from schemas.states import JobState
 from workers.engines.base import Capacity, InferenceEngine
-from workers.kv import ExpectedOutput, KvLedger
+from workers.kv import ExpectedOutput, KvLedger, SpeedMeter
 from workers.metrics import UNDER_RESERVED
-from workers.speed import SpeedMeter
 
 Policy = Literal["kv", "greedy"]
 
@@ -37,10 +37,17 @@ class JobProgress:
     """What the executor reports while a job decodes; feeds the ledger."""
 
     gate: PullGate
-    job_id: str
-    kind: JobKind
+    envelope: DispatchEnvelope
+    released: bool = False
+
+    @property
+    def job_id(self) -> str:
+        return self.envelope.job_id
 
     def prompt_counted(self, tokens: int) -> None:
+        if self.released:  # decoded again (a job claimed back): reserved again
+            self.gate.reserve(self.envelope)
+            self.released = False
         self.gate.ledger.prompt_counted(self.job_id, tokens)
 
     def decoded(self) -> None:
@@ -49,7 +56,17 @@ class JobProgress:
 
     def completed(self, output_tokens: int) -> None:
         """The output ended by itself (not aborted): a sample of this kind's length."""
-        self.gate.expected.record(self.kind, output_tokens)
+        self.gate.expected.record(self.envelope.kind, output_tokens)
+
+    def ended(self) -> None:
+        """The engine let go of the job (its decoding stopped, its KV is free), before its
+        end is written: its reservation goes now, so that the next record may be claimed
+        meanwhile (and carry the end, ``plumbing.carpool``)."""
+        if not self.released:
+            self.released = True
+            self.gate.finished(self.job_id)
+            if self.gate.on_release is not None:
+                self.gate.on_release()
 
 
 class PullGate:
@@ -64,6 +81,7 @@ class PullGate:
         max_prefill_tokens: int | None = None,
     ) -> None:
         self._engine = engine
+        self.on_release: Callable[[], None] | None = None  # a job's KV was let go early
         self.policy = policy
         self.max_running = max_running
         # Prompt tokens of started jobs still before their first output token: a cap on it
@@ -112,12 +130,16 @@ class PullGate:
         return max(self.ledger.running, cap.running + cap.waiting) < cap.total_blocks
 
     def started(self, envelope: DispatchEnvelope) -> JobProgress:
+        self.reserve(envelope)
+        return JobProgress(self, envelope)
+
+    def reserve(self, envelope: DispatchEnvelope) -> None:
+        """The job's KV need, held until it ``finished``."""
         expected = self.expected.tokens(envelope.kind, envelope.max_tokens)
         self.ledger.started(
             envelope.job_id, prompt_tokens=envelope.prompt_tokens, expected_output=expected
         )
         self._prefilling[envelope.job_id] = envelope.prompt_tokens
-        return JobProgress(self, envelope.job_id, envelope.kind)
 
     def prefilled(self, job_id: str) -> None:
         """The job's first output token came: its prefill is done."""

@@ -19,13 +19,13 @@ from plumbing.carpool import Boarded, Carpool
 from plumbing.db import transaction
 from plumbing.lock_store import locking_in_order
 from schemas import reasons
-from schemas.envelopes import JobEvent
 from schemas.jobs import JobKind
 from schemas.states import CLAIMABLE_STATES, JobState
 from schemas.tables import jobs, outbox
 from workers.dead_letter_store import set_aside
 from workers.engines.base import SamplingParams
 from workers.gate import Candidate, Drop
+from workers.job_rows import candidate_of, event_row, reason_of
 
 Judge = Callable[[Candidate], Drop | None]
 
@@ -93,12 +93,6 @@ def _lapsed(ids: list[str]) -> Select[tuple[Any]]:
         )
         .with_for_update(skip_locked=True)
     )
-
-
-def _reason(error: Mapping[Any, Any] | None, state: str) -> str:
-    if not error:
-        return state
-    return str(error.get("reason") or error.get("code") or state)
 
 
 class WorkerRepository:
@@ -195,7 +189,7 @@ class WorkerRepository:
             for row in rows:
                 job_id = str(row["id"])
                 prompt_tokens = count_tokens(row["input"])
-                drop = judge(_candidate(row, prompt_tokens))
+                drop = judge(candidate_of(row, prompt_tokens))
                 if drop is None:
                     fit[job_id] = (row, prompt_tokens)
                 else:
@@ -256,7 +250,7 @@ class WorkerRepository:
             for r in result:
                 row = drops[str(r.id)][0]
                 events.append(
-                    _event(
+                    event_row(
                         self._events_topic,
                         row,
                         drop.state,
@@ -280,6 +274,7 @@ class WorkerRepository:
         now = datetime.now(UTC)
         ids = list(running)
         error = Drop(state=JobState.ABANDONED, reason=reasons.HEARTBEAT_LAPSED).error("decode")
+        topic = self._events_topic
         async with transaction(self._engine) as conn:
             lapsed = (
                 (
@@ -302,7 +297,7 @@ class WorkerRepository:
                 await conn.execute(
                     insert(outbox),
                     [
-                        _event(self._events_topic, r, JobState.ABANDONED, r["attempt"], now, error)
+                        event_row(topic, r, JobState.ABANDONED, r["attempt"], now, error)
                         for r in lapsed
                     ],
                 )
@@ -314,7 +309,7 @@ class WorkerRepository:
                 )
             ).all()
         return [
-            Stopped(job_id=str(r.id), state=JobState(r.state), reason=_reason(r.error, r.state))
+            Stopped(job_id=str(r.id), state=JobState(r.state), reason=reason_of(r.error, r.state))
             for r in rows
             if r.state != JobState.RUNNING.value or r.attempt != running[str(r.id)]
         ]
@@ -342,21 +337,6 @@ class WorkerRepository:
             )
 
 
-def _candidate(row: Mapping[Any, Any], prompt_tokens: int) -> Candidate:
-    return Candidate(
-        job_id=str(row["id"]),
-        state=JobState(row["state"]),
-        kind=JobKind(row["kind"]),
-        prompt_tokens=prompt_tokens,
-        max_tokens=row["max_tokens"],
-        deadline=row["deadline"],
-        abandon_after_s=row["abandon_after_s"],
-        last_seen_at=row["last_seen_at"],
-        db_now=row["db_now"],
-        reason=_reason(row["error"], row["state"]),
-    )
-
-
 def _claimed(row: Mapping[Any, Any], prompt_tokens: int, attempt: int) -> Claimed:
     return Claimed(
         id=str(row["id"]),
@@ -373,25 +353,3 @@ def _claimed(row: Mapping[Any, Any], prompt_tokens: int, attempt: int) -> Claime
         prompt_tokens=prompt_tokens,
         sampling=SamplingParams.from_stored(row["params"]),
     )
-
-
-def _event(
-    topic: str,
-    row: Mapping[Any, Any],
-    state: JobState,
-    attempt: int,
-    at: datetime,
-    error: Mapping[str, Any],
-) -> dict[str, object]:
-    """An outbox row announcing the job's (``row``: id, tenant, callback_url) new state."""
-    event = JobEvent(
-        job_id=str(row["id"]),
-        tenant=row["tenant"],
-        state=state,
-        attempt=attempt,
-        at=at,
-        callback_url=row["callback_url"],
-        error_code=error.get("code"),
-        in_batch=row["batch_id"] is not None,
-    )
-    return event.outbox_row(topic, event.job_id)

@@ -28,12 +28,11 @@ from workers.engines.sim.engine import SimEngine
 from workers.execution import Executor
 from workers.gate import PreDecodeGate, PullGate
 from workers.group.kip848 import GroupConsumer, consumer_config, require_consumer_protocol
-from workers.kv import ExpectedOutput
+from workers.kv import ExpectedOutput, SpeedMeter
 from workers.metrics import watch
 from workers.presence.report import Presence, worker_id
 from workers.presence.repository import PresenceRepository
 from workers.repository import WorkerRepository
-from workers.speed import SpeedMeter
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +188,19 @@ def events_topic(settings: Settings) -> dict[str, int]:
     return {settings.events_topic: settings.topic_partitions()[settings.events_topic]}
 
 
+def claims(settings: Settings, db: AsyncEngine) -> tuple[Carpool, WorkerRepository]:
+    """The worker's claims, and the carpool of what rides in them: a job's end and the
+    presence report wait up to ``end_linger_ms`` for the next claim's transaction."""
+    carpool = Carpool(settings.worker.end_linger_ms / 1000)
+    repo = WorkerRepository(
+        db,
+        events_topic=settings.events_topic,
+        dead_letter_topic=settings.dead_letter_topic,
+        carpool=carpool,
+    )
+    return carpool, repo
+
+
 async def run_worker(
     settings: Settings,
     stop: asyncio.Event,
@@ -213,14 +225,7 @@ async def run_worker(
         )
         if consumer is None:
             return
-        # A job's end waits up to end_linger_ms to ride in the next claim's transaction.
-        carpool = Carpool(own.end_linger_ms / 1000)
-        repo = WorkerRepository(
-            db,
-            events_topic=settings.events_topic,
-            dead_letter_topic=settings.dead_letter_topic,
-            carpool=carpool,
-        )
+        carpool, repo = claims(settings, db)
         control = Control(
             engine=inference,
             repo=repo,

@@ -111,3 +111,23 @@ async def test_prefill_cap_paces_starts_until_first_tokens_come(engine: SimEngin
     alone = PullGate(engine, watermark=0.0, max_prefill_tokens=50)
     assert alone.admits(envelope("x", prompt_tokens=90))  # alone, over the cap, still starts
     assert PullGate(engine, watermark=0.0).admits(envelope("y"))  # no cap by default
+
+
+async def test_a_job_that_stopped_decoding_gives_its_room_back_before_its_end_is_written(
+    engine: SimEngine,
+) -> None:
+    """The engine let go of the job: the next record may be claimed (and carry the job's
+    end in its transaction) while the end waits; a job decoded again is reserved again."""
+    gate = PullGate(engine, max_running=1, watermark=0.0)
+    woken: list[str] = []
+    gate.on_release = lambda: woken.append("room")
+    progress = gate.started(envelope("a", prompt_tokens=1, max_tokens=1))
+    assert not gate.admits(envelope("b", prompt_tokens=1, max_tokens=1))
+    progress.ended()
+    progress.ended()  # once
+    assert woken == ["room"]
+    assert gate.admits(envelope("b", prompt_tokens=1, max_tokens=1))
+    progress.prompt_counted(1)  # claimed back and decoding again
+    assert not gate.admits(envelope("b", prompt_tokens=1, max_tokens=1))
+    gate.finished("a")
+    assert gate.admits(envelope("b", prompt_tokens=1, max_tokens=1))

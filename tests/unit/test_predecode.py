@@ -10,8 +10,7 @@ from plumbing.notify import JobNotice
 from schemas.jobs import JobKind
 from schemas.states import JobState
 from workers.gate import Candidate, Drop, PreDecodeGate, lease_lapsed
-from workers.kv import ExpectedOutput
-from workers.speed import SpeedMeter
+from workers.kv import ExpectedOutput, SpeedMeter
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
