@@ -5,7 +5,8 @@ A write that may wait a little (a job's end on a worker, a periodic reading on t
 worker's claim, a group of submits), which ``board``s it: runs it on its connection, inside
 its transaction, so that both commit together (one commit, one WAL flush instead of two).
 A rider that no transaction boarded within ``linger_s`` runs ``alone``, as it would have
-without the pool.
+without the pool; or, given a ``carry`` and other riders waiting, it carries them all in one
+transaction of its own.
 
 A boarding transaction that fails takes its riders' writes with it: each is undone
 (``undo``) and runs alone; so does one whose caller gave up. Riders name the rows they lock
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from plumbing.metrics import RIDES
 
 T = TypeVar("T")
 
@@ -67,9 +70,13 @@ class Boarded:
 
 
 class Carpool:
-    def __init__(self, linger_s: float) -> None:
-        """``linger_s``: how long a rider waits for a transaction (0: every write alone)."""
+    def __init__(
+        self, linger_s: float, carry: Callable[[Boarded], Awaitable[None]] | None = None
+    ) -> None:
+        """``linger_s``: how long a rider waits for a transaction (0: every write alone);
+        ``carry``: runs several riders in one transaction (and raises if it failed)."""
         self.linger_s = linger_s
+        self.carry = carry
         self._waiting: list[_Rider] = []
 
     @property
@@ -92,17 +99,33 @@ class Carpool:
         try:
             result = await asyncio.wait_for(asyncio.shield(rider.done), self.linger_s)
         except TimeoutError:
-            if rider in self._waiting:  # no transaction came: alone
-                self._waiting.remove(rider)
+            if rider in self._waiting and (self.carry is None or len(self._waiting) == 1):
+                self._waiting.remove(rider)  # no transaction came: alone
+                RIDES.labels(outcome="alone").inc()
                 return await alone()
+            if rider in self._waiting:  # it carries the others waiting
+                await self._carried(self.board())
             result = await rider.done  # boarded: its transaction is ending
         except asyncio.CancelledError:
             if rider in self._waiting:
                 self._waiting.remove(rider)
             raise
         if result is _ALONE:
+            RIDES.labels(outcome="alone").inc()
             return await alone()
+        RIDES.labels(outcome="boarded").inc()
         return cast(T, result)
+
+    async def _carried(self, boarded: Boarded) -> None:
+        assert self.carry is not None
+        try:
+            await self.carry(boarded)
+        except BaseException as exc:
+            boarded.settle(committed=False)  # each runs alone
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            boarded.settle(committed=True)
 
     def board(self) -> Boarded:
         """The waiting riders, taken by a transaction: it runs them (``Boarded.run``) and

@@ -144,6 +144,14 @@ class WorkerRepository:
                 log.warning("a claim carrying job ends failed; claiming alone: %r", exc)
         return await self._claim_batch(job_ids, judge, count_tokens, Boarded())
 
+    async def carry(self, riders: Boarded) -> None:
+        """The job ends (and reports) that no claim carried, in one transaction of their
+        own: their rows locked in one order first."""
+        async with transaction(self._engine) as conn:
+            if riders.locks:
+                await conn.execute(locking_in_order(jobs, jobs.c.id.in_(riders.locks)))
+            await riders.run(conn)
+
     async def _claim_batch(
         self,
         job_ids: list[str],

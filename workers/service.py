@@ -198,6 +198,7 @@ def claims(settings: Settings, db: AsyncEngine) -> tuple[Carpool, WorkerReposito
         dead_letter_topic=settings.dead_letter_topic,
         carpool=carpool,
     )
+    carpool.carry = repo.carry  # ends that no claim came for carry each other
     return carpool, repo
 
 

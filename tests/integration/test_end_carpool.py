@@ -68,6 +68,7 @@ def repositories(db: AsyncEngine, settings: Settings, linger_s: float) -> tuple[
     carpool = Carpool(linger_s)
     ends = EndRepository(db, events_topic=settings.events_topic, carpool=carpool)
     claims = WorkerRepository(db, events_topic=settings.events_topic, carpool=carpool)
+    carpool.carry = claims.carry
     return ends, claims
 
 
@@ -130,3 +131,20 @@ async def test_a_claim_that_fails_leaves_its_riders_to_commit_alone(
         )
     assert states == {ended.id: JobState.FAILED.value, waiting: JobState.DISPATCHED.value}
     assert await events_of(db, ended.id) == 1
+
+
+async def test_ends_no_claim_came_for_commit_together(db: AsyncEngine, settings: Settings) -> None:
+    ends, _ = repositories(db, settings, linger_s=0.5)
+    first, _ = await two_jobs(db)
+    second, _ = await two_jobs(db)
+    done = await asyncio.wait_for(
+        asyncio.gather(
+            ends.finish(first, JobState.SUCCEEDED, result={}),
+            ends.finish(second, JobState.SUCCEEDED, result={}),
+        ),
+        5,
+    )
+    assert done == [True, True]
+    one, other = await xmins(db, first.id, second.id)
+    assert one == other, "the ends that waited together committed apart"
+    assert await events_of(db, first.id) == await events_of(db, second.id) == 1
