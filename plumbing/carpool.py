@@ -17,7 +17,9 @@ A boarding transaction that fails takes its riders' writes with it: each is undo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -49,6 +51,16 @@ class Boarded:
     def locks(self) -> list[str]:
         """The rows the riders lock."""
         return [key for rider in self.riders for key in rider.locks]
+
+    @asynccontextmanager
+    async def settling(self) -> AsyncIterator[None]:
+        """Around the carrier's transaction: settles the riders once it ended."""
+        try:
+            yield
+        except BaseException:
+            self.settle(committed=False)
+            raise
+        self.settle(committed=True)
 
     async def run(self, conn: AsyncConnection) -> None:
         """Run the riders' writes on ``conn``, in its transaction."""
@@ -118,14 +130,9 @@ class Carpool:
 
     async def _carried(self, boarded: Boarded) -> None:
         assert self.carry is not None
-        try:
-            await self.carry(boarded)
-        except BaseException as exc:
-            boarded.settle(committed=False)  # each runs alone
-            if not isinstance(exc, Exception):
-                raise
-        else:
-            boarded.settle(committed=True)
+        with contextlib.suppress(Exception):  # its riders run alone
+            async with boarded.settling():
+                await self.carry(boarded)
 
     def board(self) -> Boarded:
         """The waiting riders, taken by a transaction: it runs them (``Boarded.run``) and

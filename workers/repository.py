@@ -137,12 +137,12 @@ class WorkerRepository:
         """
         if self._carpool.waiting:
             try:
-                return await self._claim_batch(job_ids, judge, count_tokens, self._carpool.board())
+                return await self._claim_with(job_ids, judge, count_tokens, self._carpool.board())
             except DBAPIError as exc:  # its riders run alone; the claim is tried again alone
                 if exc.connection_invalidated:
                     raise
                 log.warning("a claim carrying job ends failed; claiming alone: %r", exc)
-        return await self._claim_batch(job_ids, judge, count_tokens, Boarded())
+        return await self._claim_with(job_ids, judge, count_tokens, Boarded())
 
     async def carry(self, riders: Boarded) -> None:
         """The job ends (and reports) that no claim carried, in one transaction of their
@@ -151,21 +151,6 @@ class WorkerRepository:
             if riders.locks:
                 await conn.execute(locking_in_order(jobs, jobs.c.id.in_(riders.locks)))
             await riders.run(conn)
-
-    async def _claim_batch(
-        self,
-        job_ids: list[str],
-        judge: Judge,
-        count_tokens: Callable[[str], int],
-        riders: Boarded,
-    ) -> dict[str, Claimed | Drop | None]:
-        try:
-            out = await self._claim_with(job_ids, judge, count_tokens, riders)
-        except BaseException:
-            riders.settle(committed=False)
-            raise
-        riders.settle(committed=True)
-        return out
 
     async def _claim_with(
         self,
@@ -176,7 +161,7 @@ class WorkerRepository:
     ) -> dict[str, Claimed | Drop | None]:
         now = datetime.now(UTC)
         out: dict[str, Claimed | Drop | None] = dict.fromkeys(job_ids)
-        async with transaction(self._engine) as conn:
+        async with riders.settling(), transaction(self._engine) as conn:
             if riders.riders:  # their rows and the claimed ones, locked in one order
                 await conn.execute(locking_in_order(jobs, jobs.c.id.in_(job_ids + riders.locks)))
                 await riders.run(conn)

@@ -236,19 +236,12 @@ class SubmitRepository:
         riders = self.carpool.board() if self.carpool is not None else Boarded()
         if riders.riders:
             try:
-                async with transaction(self._autocommit) as conn:
+                async with riders.settling(), transaction(self._autocommit) as conn:
                     await riders.run(conn)
-                    stored = await self._on(conn, group, ids, params)
+                    return await self._on(conn, group, ids, params)
             except DBAPIError as exc:
-                riders.settle(committed=False)
                 if exc.connection_invalidated or isinstance(exc, InterfaceError):
                     raise
-            except BaseException:
-                riders.settle(committed=False)
-                raise
-            else:
-                riders.settle(committed=True)
-                return stored
         async with self._autocommit.connect() as conn:
             return await self._on(conn, group, ids, params)
 
