@@ -14,6 +14,7 @@ from producers.api import (
     bulk,
     completions,
     errors,
+    fast_submit,
     files,
     health,
     jobs,
@@ -58,4 +59,6 @@ def create_app(
     app.include_router(completions.router)
     app.include_router(overview.router)
     ui.install(app)
+    if settings.api_fast_submit:
+        fast_submit.install(app)
     return app
