@@ -6,7 +6,7 @@ parameter, the query string parsed: docs/performance.md). This layer sits in fro
 app's router, inside the middleware (the body limits, the error handlers), and answers a
 plain submit itself: the body parsed and validated by the route's own body field, the caller
 found by the same ``current_caller``, the job made, admitted and stored by the route's own
-function (``jobs.submit``), whose answer it sends.
+code (``jobs.submitted``), whose answer it sends.
 
 The parity rule: every answer is the one the FastAPI route gives, byte for byte. So the fast
 path takes only a request it is sure of: no query string (``?wait=``), one JSON content type
@@ -24,7 +24,6 @@ import json
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from starlette.requests import Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -77,15 +76,15 @@ class FastSubmit:
         if submit is None:
             await self.app(scope, _replay(messages, receive), send)
             return
+        state = scope["app"].state
         caller = await current_caller(
-            scope["app"].state.settings,
-            scope["app"].state.keys,
+            state.settings,
+            state.keys,
             _text(headers.get(_AUTHORIZATION)),
             _text(headers.get(_TENANT)),
         )
-        request = Request(scope, receive, send)
         key = _text(headers.get(_IDEMPOTENCY_KEY))
-        response = await jobs.submit(submit, request, caller.tenant, key, None)
+        response = await jobs.submitted(state, submit, caller.tenant, key, None, receive)
         await response(scope, receive, send)
 
     def _valid(self, body: bytes) -> SubmitJob | None:
