@@ -1,12 +1,14 @@
 """POST /v1/jobs through the fast path (producers/api/fast_submit.py) and through the FastAPI
 route alone (``api_fast_submit = false``), on one database: every request, valid or not, is
-answered with the same status, headers and body bytes; the fast path answers the plain
-requests itself and hands the others to the route."""
+answered with the same status, headers and body bytes, and moves the same counters (jobs
+accepted, requests refused, admission decisions); the fast path answers the plain requests
+itself and hands the others to the route."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +22,17 @@ from plumbing.settings import Settings
 from producers.api.app import create_app
 from producers.api.fast_submit import FastSubmit
 from producers.lag.rule import Reading
+from producers.metrics import ADMISSIONS, REFUSED, SUBMITTED
 from producers.tenancy.repository import KeyStore
+from schemas.constants import M_SUBMITTED
 
-LIMITS = {"auth": "api_key", "max_body_bytes": 8192, "max_input_bytes": 2000}
+# Not published at once: a job stays queued, so its answers do not change between requests.
+LIMITS = {
+    "auth": "api_key",
+    "max_body_bytes": 8192,
+    "max_input_bytes": 2000,
+    "publish_at_once": False,
+}
 JOB: dict[str, Any] = {"kind": "summarize", "input": "The gate holds.", "ttl_s": 600}
 JSON = {"Content-Type": "application/json"}
 # In each case's headers, KEY stands for the caller's API key.
@@ -138,6 +148,23 @@ class Answer:
     status: int
     headers: list[tuple[bytes, bytes]]
     body: bytes
+    counted: Counter[tuple[str, str]]  # what the request added to the submit's counters
+
+
+def accepted(answer: Answer) -> int:
+    """The jobs ``sluicegate_jobs_submitted_total`` counted for the answer's request."""
+    return sum(n for (name, _), n in answer.counted.items() if name == M_SUBMITTED)
+
+
+def counters() -> Counter[tuple[str, str]]:
+    """The counters a submit moves: jobs accepted, requests refused, admission decisions."""
+    found: Counter[tuple[str, str]] = Counter()
+    for family in (SUBMITTED, REFUSED, ADMISSIONS):
+        for metric in family.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    found[(sample.name, str(sorted(sample.labels.items())))] = int(sample.value)
+    return found
 
 
 @dataclass
@@ -158,10 +185,11 @@ class Apps:
     ) -> Answer:
         own = {name: value.replace(KEY, self.key) for name, value in headers.items()}
         content: Any = chunks(body) if stream else body
+        before = counters()
         r = await client.post(
             f"/v1/jobs?{query}" if query else "/v1/jobs", content=content, headers=own
         )
-        return Answer(r.status_code, list(r.headers.raw), r.content)
+        return Answer(r.status_code, list(r.headers.raw), r.content, counters() - before)
 
     async def ask(
         self, body: bytes, headers: dict[str, str], query: str = "", *, stream: bool = False
@@ -261,12 +289,14 @@ async def test_a_stored_job_is_answered_alike(settings: Settings, db: AsyncEngin
                 replays = [await api.post(c, body, keyed, stream=stream) for c in (then, first)]
                 assert replays[0] == replays[1], case
                 assert (replays[0].status, replays[0].body) == (200, stored.body), case
+                assert (accepted(stored), accepted(replays[0])) == (1, 0), case
                 replayed = {**dict(stored.headers), b"idempotent-replayed": b"true"}
                 assert dict(replays[0].headers) == replayed, case
         # No key: a new job each time, answered in the same shape.
         fast, plain, _ = await api.ask(job(), BEARER)
         assert (fast.status, [n for n, _ in fast.headers]) == (202, [n for n, _ in plain.headers])
         assert json.loads(fast.body).keys() == json.loads(plain.body).keys()
+        assert fast.counted == plain.counted
         # The key of a stored job with another body: 409 from both.
         fast, plain, over = await api.ask(
             job(max_tokens=7), {**BEARER, "Idempotency-Key": "plain-p"}
