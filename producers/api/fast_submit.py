@@ -12,10 +12,14 @@ The parity rule: every answer is the one the FastAPI route gives, byte for byte.
 path takes only a request it is sure of: no query string (``?wait=``), one JSON content type
 of the usual spellings, no repeated header it reads, an Idempotency-Key within its 255, a
 body that is a JSON object the model accepts. Anything else (an error FastAPI words itself:
-invalid JSON, a wrong content type, a field that fails validation) is handed to the router
-unchanged, the body it read replayed, and the FastAPI route answers it as before. What the
-route's function raises (401, 409, 429, 503...) goes to the same error handlers, which sit
-outside the router. ``api_fast_submit = false`` turns the layer off.
+invalid JSON, a wrong content type, a field that fails validation), and every request while
+FastAPI's telemetry or a test's dependency overrides are on, is handed to the router
+unchanged, the body it read replayed, and the FastAPI route answers it as before. The caller
+is found once the body is valid, where FastAPI finds it first: a bad key with a bad body is
+the route's to answer, a bad key with a valid body is the same 401 either way. What the
+route's code raises (401, 409, 429, 503...) goes to the same error handlers, which sit
+outside the router. ``api_fast_submit = false`` turns the layer off;
+tests/integration/test_fast_submit.py holds the two to the rule.
 """
 
 from __future__ import annotations
@@ -57,17 +61,9 @@ class FastSubmit:
         self.body_field = route.body_field
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["method"] != "POST"
-            or scope["query_string"]
-            or self.route.matches(scope)[0] is not Match.FULL
-            or scope["app"].dependency_overrides  # a test's: FastAPI applies them
-        ):
-            await self.app(scope, receive, send)
-            return
-        headers = _headers(scope)
-        if headers is None:
+        route = self._route(scope)
+        headers = None if route is None else _headers(scope)
+        if route is None or headers is None:
             await self.app(scope, receive, send)
             return
         messages: list[Message] = []
@@ -76,6 +72,7 @@ class FastSubmit:
         if submit is None:
             await self.app(scope, _replay(messages, receive), send)
             return
+        scope.update(route)  # the route and its endpoint, as the router sets them
         state = scope["app"].state
         caller = await current_caller(
             state.settings,
@@ -86,6 +83,21 @@ class FastSubmit:
         key = _text(headers.get(_IDEMPOTENCY_KEY))
         response = await jobs.submitted(state, submit, caller.tenant, key, None, receive)
         await response(scope, receive, send)
+
+    def _route(self, scope: Scope) -> Scope | None:
+        """What the route adds to the scope of a ``POST /v1/jobs`` the fast path may take;
+        None for another request, one with a query string, and any while FastAPI's
+        telemetry (its spans) or a test's dependency overrides are on."""
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or scope["query_string"]
+            or "fastapi.telemetry" in scope
+            or scope["app"].dependency_overrides
+        ):
+            return None
+        match, child = self.route.matches(scope)
+        return child if match is Match.FULL else None
 
     def _valid(self, body: bytes) -> SubmitJob | None:
         """The body as the route validates it; None where FastAPI should say why not."""
