@@ -135,6 +135,13 @@ class ApiSettings(SettingsGroup):
         ge=1,
         description="On SIGTERM, how long the API lets open requests (waits included) finish.",
     )
+    api_fast_submit: bool = Field(
+        default=True,
+        description="Answer a plain `POST /v1/jobs` (no `?wait=`, a JSON body the model "
+        "takes) in a layer in front of FastAPI's router, with the route's own code but "
+        "without FastAPI's per-request dependency solving (`producers/api/fast_submit.py`); "
+        "its answers are the route's, byte for byte. false: every submit through FastAPI.",
+    )
     submit_batch_max: int = Field(
         default=256,
         ge=1,

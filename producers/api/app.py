@@ -14,6 +14,7 @@ from producers.api import (
     bulk,
     completions,
     errors,
+    fast_submit,
     files,
     health,
     jobs,
@@ -35,6 +36,7 @@ def create_app(
     lifespan = Lifespan(settings=settings, engine=engine, lag_source=lag_source)
     app = FastAPI(title="Sluicegate", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
+    app.state.api_settings = settings.api  # made once: Settings.api makes one at each call
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,
@@ -58,4 +60,6 @@ def create_app(
     app.include_router(completions.router)
     app.include_router(overview.router)
     ui.install(app)
+    if settings.api_fast_submit:
+        fast_submit.install(app)
     return app
