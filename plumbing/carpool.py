@@ -8,6 +8,10 @@ A rider that no transaction boarded within ``linger_s`` runs ``alone``, as it wo
 without the pool; or, given a ``carry`` and other riders waiting, it carries them all in one
 transaction of its own.
 
+A write rides only while it is cheap: one whose last run took over ``MAX_RIDE_S`` (a count
+over a backlog grown large) runs alone at once, so that it never holds up the carrier (a
+group of submits waits for its commit before it answers).
+
 A boarding transaction that fails takes its riders' writes with it: each is undone
 (``undo``) and runs alone; so does one whose caller gave up. Riders name the rows they lock
 (``locks``), so that the carrier can lock them with its own rows in one order
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -30,6 +35,7 @@ from plumbing.metrics import RIDES
 T = TypeVar("T")
 
 _ALONE: Any = object()  # the answer to a rider whose carrier failed: run alone
+MAX_RIDE_S = 0.002  # a write whose last run took longer runs alone
 
 
 @dataclass(eq=False)
@@ -39,6 +45,11 @@ class _Rider:
     locks: Sequence[str]
     done: asyncio.Future[Any]
 
+    @property
+    def kind(self) -> str:
+        """What it writes (its function), for the time its last run took."""
+        return str(getattr(self.write, "__qualname__", ""))
+
 
 @dataclass
 class Boarded:
@@ -46,6 +57,7 @@ class Boarded:
 
     riders: list[_Rider] = field(default_factory=list)
     results: list[Any] = field(default_factory=list)
+    took: dict[str, float] = field(default_factory=dict)  # the carpool's, by kind
 
     @property
     def locks(self) -> list[str]:
@@ -65,7 +77,9 @@ class Boarded:
     async def run(self, conn: AsyncConnection) -> None:
         """Run the riders' writes on ``conn``, in its transaction."""
         for rider in self.riders:
+            began = time.monotonic()
             self.results.append(await rider.write(conn))
+            self.took[rider.kind] = time.monotonic() - began
 
     def settle(self, committed: bool) -> None:
         """Committed: each rider gets its write's result; else each is undone and runs
@@ -90,6 +104,7 @@ class Carpool:
         self.linger_s = linger_s
         self.carry = carry
         self._waiting: list[_Rider] = []
+        self._took: dict[str, float] = {}  # by kind: what its last run took
 
     @property
     def waiting(self) -> int:
@@ -104,9 +119,9 @@ class Carpool:
         undo: Callable[[], None] | None = None,
     ) -> T:
         """``write``'s result once a transaction that ran it committed, or ``alone``'s."""
-        if self.linger_s <= 0:
-            return await alone()
         rider = _Rider(write, undo, locks, asyncio.get_running_loop().create_future())
+        if self.linger_s <= 0 or self._took.get(rider.kind, 0.0) > MAX_RIDE_S:
+            return await self._alone(rider, alone)
         self._waiting.append(rider)
         try:
             result = await asyncio.wait_for(asyncio.shield(rider.done), self.linger_s)
@@ -114,7 +129,7 @@ class Carpool:
             if rider in self._waiting and (self.carry is None or len(self._waiting) == 1):
                 self._waiting.remove(rider)  # no transaction came: alone
                 RIDES.labels(outcome="alone").inc()
-                return await alone()
+                return await self._alone(rider, alone)
             if rider in self._waiting:  # it carries the others waiting
                 await self._carried(self.board())
             result = await rider.done  # boarded: its transaction is ending
@@ -124,9 +139,16 @@ class Carpool:
             raise
         if result is _ALONE:
             RIDES.labels(outcome="alone").inc()
-            return await alone()
+            return await self._alone(rider, alone)
         RIDES.labels(outcome="boarded").inc()
         return cast(T, result)
+
+    async def _alone(self, rider: _Rider, alone: Callable[[], Awaitable[T]]) -> T:
+        began = time.monotonic()
+        try:
+            return await alone()
+        finally:
+            self._took[rider.kind] = time.monotonic() - began
 
     async def _carried(self, boarded: Boarded) -> None:
         assert self.carry is not None
@@ -137,7 +159,7 @@ class Carpool:
     def board(self) -> Boarded:
         """The waiting riders, taken by a transaction: it runs them (``Boarded.run``) and
         settles them once it ended."""
-        boarded = Boarded(riders=self._waiting)
+        boarded = Boarded(riders=self._waiting, took=self._took)
         self._waiting = []
         return boarded
 

@@ -1,0 +1,53 @@
+"""The carpool's own rules, without a database: what waits, what runs alone, what rides."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from plumbing.carpool import MAX_RIDE_S, Carpool
+
+
+async def test_a_write_whose_last_run_was_slow_runs_alone_at_once() -> None:
+    carpool = Carpool(30.0)
+    gate = asyncio.Event()
+
+    async def write(conn: Any) -> str:
+        return "rode"
+
+    async def slow_alone() -> str:
+        await asyncio.sleep(MAX_RIDE_S * 5)
+        return "alone"
+
+    async def held_alone() -> str:
+        await gate.wait()
+        return "alone"
+
+    # Its first run: it waits for a carrier; none comes in time and it runs alone, slowly.
+    carpool.linger_s = 0.01
+    assert await carpool.ride(write, slow_alone) == "alone"
+    # Its next run does not wait for a carrier: it holds none up.
+    carpool.linger_s = 30.0
+    task = asyncio.create_task(carpool.ride(write, held_alone))
+    await asyncio.sleep(0)
+    assert carpool.waiting == 0
+    gate.set()
+    assert await task == "alone"
+
+
+async def test_a_cheap_write_waits_and_rides() -> None:
+    carpool = Carpool(30.0)
+
+    async def write(conn: Any) -> str:
+        return f"rode on {conn}"
+
+    async def alone() -> str:
+        raise AssertionError("ran alone")
+
+    task = asyncio.create_task(carpool.ride(write, alone))
+    await asyncio.sleep(0)
+    assert carpool.waiting == 1
+    boarded = carpool.board()
+    async with boarded.settling():
+        await boarded.run("the carrier")  # type: ignore[arg-type]
+    assert await task == "rode on the carrier"
