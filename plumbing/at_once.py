@@ -182,6 +182,7 @@ def at_once_of(
         replication_factor=settings.replication_factor,
         idempotent=settings.kafka_idempotent_producer,
         send_timeout_s=settings.relay_send_timeout_s,
+        linger_ms=settings.publish_at_once_linger_ms,
     )
     return AtOnce(
         target,

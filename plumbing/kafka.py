@@ -24,13 +24,14 @@ METADATA_MAX_AGE_MS = 5_000
 PRODUCER_CLOSE_GRACE_S = 5.0
 
 
-def make_producer(bootstrap: str, *, idempotent: bool) -> AIOKafkaProducer:
-    """acks=all; the idempotent producer only where the broker supports it."""
+def make_producer(bootstrap: str, *, idempotent: bool, linger_ms: int = 5) -> AIOKafkaProducer:
+    """acks=all; the idempotent producer only where the broker supports it; a record waits
+    up to ``linger_ms`` for others to go in its batch."""
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         acks="all",
         enable_idempotence=idempotent,
-        linger_ms=5,
+        linger_ms=linger_ms,
         request_timeout_ms=10_000,
         metadata_max_age_ms=METADATA_MAX_AGE_MS,
     )

@@ -39,6 +39,7 @@ class Target:
     replication_factor: int = 1
     idempotent: bool = True
     send_timeout_s: float = 15.0
+    linger_ms: int = 5  # how long a record waits for others to share its batch
 
 
 class Publisher:
@@ -58,7 +59,7 @@ class Publisher:
             self._admin = admin
             await admin.start()
             self._log = await described_cluster_id(admin)
-            producer = make_producer(t.bootstrap, idempotent=t.idempotent)
+            producer = make_producer(t.bootstrap, idempotent=t.idempotent, linger_ms=t.linger_ms)
             try:
                 await producer.start()
             except BaseException:
