@@ -111,12 +111,15 @@ async def test_list_pages_filters_and_stays_within_the_tenant(api: httpx.AsyncCl
         "/v1/jobs", params={"state": "cancelled"}, headers={"X-Sluicegate-Tenant": "a"}
     )
     assert [j["id"] for j in cancelled.json()["data"]] == [mine[1]]
+    # The others are queued, or dispatched once their records, published at once, are
+    # marked: the filter takes every state named.
     both = await api.get(
         "/v1/jobs",
-        params=[("state", "cancelled"), ("state", "queued")],
+        params=[("state", "cancelled"), ("state", "queued"), ("state", "dispatched")],
         headers={"X-Sluicegate-Tenant": "a"},
     )
     assert len(both.json()["data"]) == 5
+    assert {j["state"] for j in both.json()["data"]} - {"queued", "dispatched"} == {"cancelled"}
     bad = await api.get("/v1/jobs", params={"state": "sleeping"})
     assert bad.status_code == 422
     assert bad.json()["error"]["code"] == "invalid_request"
