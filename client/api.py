@@ -196,21 +196,23 @@ class SluicegateClient:
 
     async def submit(
         self,
-        kind: JobKind,
+        kind: JobKind | str,
         input: str,
         *,
         max_tokens: int = 256,
         ttl_s: float | None = None,
         deadline: datetime | None = None,
-        priority: Priority = Priority.NORMAL,
+        priority: Priority | str = Priority.NORMAL,
         callback_url: str | None = None,
         idempotency_key: str | None = None,
     ) -> SubmitResponse:
+        """``kind`` and ``priority`` as the enums or their strings ("summarize"); one the
+        API does not know is its 422, as any invalid field is."""
         body: dict[str, Any] = {
-            "kind": kind.value,
+            "kind": str(kind),
             "input": input,
             "max_tokens": max_tokens,
-            "priority": priority.value,
+            "priority": str(priority),
         }
         if ttl_s is not None:
             body["ttl_s"] = ttl_s

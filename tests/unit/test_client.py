@@ -142,3 +142,22 @@ async def test_nothing_listening_is_unreachable_not_a_transport_traceback() -> N
     async with SluicegateClient("http://sg:1", transport=transport) as c:
         with pytest.raises(Unreachable, match=r"cannot reach the Sluicegate API at http://sg:1"):
             await c.get("some-job")
+
+
+async def test_kind_and_priority_may_be_given_as_strings() -> None:
+    """As a caller writes them from the docs: "summarize", not only JobKind.SUMMARIZE."""
+    sent: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(202, json=ACCEPTED)
+
+    async with SluicegateClient(
+        "http://sg", transport=httpx.MockTransport(handler), coalesce=False
+    ) as c:
+        await c.submit("summarize", "x", priority="high")
+        await c.submit(JobKind.COMPLETE, "y")
+    assert [(b["kind"], b["priority"]) for b in sent] == [
+        ("summarize", "high"),
+        ("complete", "normal"),
+    ]
