@@ -8,9 +8,10 @@ A rider that no transaction boarded within ``linger_s`` runs ``alone``, as it wo
 without the pool; or, given a ``carry`` and other riders waiting, it carries them all in one
 transaction of its own.
 
-A write rides only while it is cheap: one whose last run took over ``MAX_RIDE_S`` (a count
-over a backlog grown large) runs alone at once, so that it never holds up the carrier (a
-group of submits waits for its commit before it answers).
+A write rides only while it is cheap: one that took over ``MAX_RIDE_S`` in a carrier (a
+count over a backlog grown large) runs alone at once for the next ``SLOW_FOR_S``, then
+tries again, so that it does not keep holding up carriers (a group of submits waits for its
+commit before it answers).
 
 A boarding transaction that fails takes its riders' writes with it: each is undone
 (``undo``) and runs alone; so does one whose caller gave up. Riders name the rows they lock
@@ -35,7 +36,8 @@ from plumbing.metrics import RIDES
 T = TypeVar("T")
 
 _ALONE: Any = object()  # the answer to a rider whose carrier failed: run alone
-MAX_RIDE_S = 0.002  # a write whose last run took longer runs alone
+MAX_RIDE_S = 0.002  # a write that took longer in a carrier runs alone for a while:
+SLOW_FOR_S = 10.0
 
 
 @dataclass(eq=False)
@@ -57,7 +59,7 @@ class Boarded:
 
     riders: list[_Rider] = field(default_factory=list)
     results: list[Any] = field(default_factory=list)
-    took: dict[str, float] = field(default_factory=dict)  # the carpool's, by kind
+    slow_until: dict[str, float] = field(default_factory=dict)  # the carpool's, by kind
 
     @property
     def locks(self) -> list[str]:
@@ -79,7 +81,9 @@ class Boarded:
         for rider in self.riders:
             began = time.monotonic()
             self.results.append(await rider.write(conn))
-            self.took[rider.kind] = time.monotonic() - began
+            ended = time.monotonic()
+            if ended - began > MAX_RIDE_S:
+                self.slow_until[rider.kind] = ended + SLOW_FOR_S
 
     def settle(self, committed: bool) -> None:
         """Committed: each rider gets its write's result; else each is undone and runs
@@ -104,7 +108,7 @@ class Carpool:
         self.linger_s = linger_s
         self.carry = carry
         self._waiting: list[_Rider] = []
-        self._took: dict[str, float] = {}  # by kind: what its last run took
+        self._slow_until: dict[str, float] = {}  # by kind: runs alone until then
 
     @property
     def waiting(self) -> int:
@@ -120,8 +124,8 @@ class Carpool:
     ) -> T:
         """``write``'s result once a transaction that ran it committed, or ``alone``'s."""
         rider = _Rider(write, undo, locks, asyncio.get_running_loop().create_future())
-        if self.linger_s <= 0 or self._took.get(rider.kind, 0.0) > MAX_RIDE_S:
-            return await self._alone(rider, alone)
+        if self.linger_s <= 0 or time.monotonic() < self._slow_until.get(rider.kind, 0.0):
+            return await alone()
         self._waiting.append(rider)
         try:
             result = await asyncio.wait_for(asyncio.shield(rider.done), self.linger_s)
@@ -129,7 +133,7 @@ class Carpool:
             if rider in self._waiting and (self.carry is None or len(self._waiting) == 1):
                 self._waiting.remove(rider)  # no transaction came: alone
                 RIDES.labels(outcome="alone").inc()
-                return await self._alone(rider, alone)
+                return await alone()
             if rider in self._waiting:  # it carries the others waiting
                 await self._carried(self.board())
             result = await rider.done  # boarded: its transaction is ending
@@ -139,16 +143,9 @@ class Carpool:
             raise
         if result is _ALONE:
             RIDES.labels(outcome="alone").inc()
-            return await self._alone(rider, alone)
+            return await alone()
         RIDES.labels(outcome="boarded").inc()
         return cast(T, result)
-
-    async def _alone(self, rider: _Rider, alone: Callable[[], Awaitable[T]]) -> T:
-        began = time.monotonic()
-        try:
-            return await alone()
-        finally:
-            self._took[rider.kind] = time.monotonic() - began
 
     async def _carried(self, boarded: Boarded) -> None:
         assert self.carry is not None
@@ -159,7 +156,7 @@ class Carpool:
     def board(self) -> Boarded:
         """The waiting riders, taken by a transaction: it runs them (``Boarded.run``) and
         settles them once it ended."""
-        boarded = Boarded(riders=self._waiting, took=self._took)
+        boarded = Boarded(riders=self._waiting, slow_until=self._slow_until)
         self._waiting = []
         return boarded
 
