@@ -36,7 +36,7 @@ from plumbing.metrics import RIDES
 T = TypeVar("T")
 
 _ALONE: Any = object()  # the answer to a rider whose carrier failed: run alone
-MAX_RIDE_S = 0.002  # a write that took longer in a carrier runs alone for a while:
+MAX_RIDE_S = 0.02  # a write that took longer in a carrier runs alone for a while:
 SLOW_FOR_S = 10.0
 
 
