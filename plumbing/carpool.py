@@ -36,8 +36,8 @@ from plumbing.metrics import RIDES
 T = TypeVar("T")
 
 _ALONE: Any = object()  # the answer to a rider whose carrier failed: run alone
-MAX_RIDE_S = 0.02  # a write that took longer in a carrier runs alone for a while:
-SLOW_FOR_S = 10.0
+MAX_RIDE_S = 0.02  # a write that took longer in a carrier runs alone
+SLOW_FOR_S = 10.0  # for this long
 
 
 @dataclass(eq=False)
@@ -49,7 +49,7 @@ class _Rider:
 
     @property
     def kind(self) -> str:
-        """What it writes (its function), for the time its last run took."""
+        """What it writes (its function): a slow one runs alone for a while."""
         return str(getattr(self.write, "__qualname__", ""))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -148,9 +148,7 @@ class WorkerRepository:
         """The job ends (and reports) that no claim carried, in one transaction of their
         own: their rows locked in one order first."""
         async with transaction(self._engine) as conn:
-            if riders.locks:
-                await conn.execute(locking_in_order(jobs, jobs.c.id.in_(riders.locks)))
-            await riders.run(conn)
+            await _run_riders(conn, riders)
 
     async def _claim_with(
         self,
@@ -162,9 +160,8 @@ class WorkerRepository:
         now = datetime.now(UTC)
         out: dict[str, Claimed | Drop | None] = dict.fromkeys(job_ids)
         async with riders.settling(), transaction(self._engine) as conn:
-            if riders.riders:  # their rows and the claimed ones, locked in one order
-                await conn.execute(locking_in_order(jobs, jobs.c.id.in_(job_ids + riders.locks)))
-                await riders.run(conn)
+            if riders.riders:
+                await _run_riders(conn, riders, also=job_ids)
             rows = (
                 (
                     await conn.execute(
@@ -346,3 +343,12 @@ def _claimed(row: Mapping[Any, Any], prompt_tokens: int, attempt: int) -> Claime
         prompt_tokens=prompt_tokens,
         sampling=SamplingParams.from_stored(row["params"]),
     )
+
+
+async def _run_riders(conn: AsyncConnection, riders: Boarded, also: Sequence[str] = ()) -> None:
+    """The riders' writes on ``conn``, their rows and ``also`` (the claimed ones) locked
+    first in one order."""
+    locks = [*also, *riders.locks]
+    if locks:
+        await conn.execute(locking_in_order(jobs, jobs.c.id.in_(locks)))
+    await riders.run(conn)
