@@ -22,9 +22,12 @@ log = logging.getLogger(__name__)
 METADATA_MAX_AGE_MS = 5_000
 # How long closing a producer waits for the broker to acknowledge what it holds.
 PRODUCER_CLOSE_GRACE_S = 5.0
+LINGER_MS = 5  # how long a record waits, by default, for others to share its batch
 
 
-def make_producer(bootstrap: str, *, idempotent: bool, linger_ms: int = 5) -> AIOKafkaProducer:
+def make_producer(
+    bootstrap: str, *, idempotent: bool, linger_ms: int = LINGER_MS
+) -> AIOKafkaProducer:
     """acks=all; the idempotent producer only where the broker supports it; a record waits
     up to ``linger_ms`` for others to go in its batch."""
     return AIOKafkaProducer(

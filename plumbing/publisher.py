@@ -19,7 +19,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from plumbing.kafka import close_client, described_cluster_id, ensure_topics, make_producer
+from plumbing.kafka import (
+    LINGER_MS,
+    close_client,
+    described_cluster_id,
+    ensure_topics,
+    make_producer,
+)
 from plumbing.mark_store import Acked, OutboxRow
 
 
@@ -39,7 +45,7 @@ class Target:
     replication_factor: int = 1
     idempotent: bool = True
     send_timeout_s: float = 15.0
-    linger_ms: int = 5  # how long a record waits for others to share its batch
+    linger_ms: int = LINGER_MS
 
 
 class Publisher:

@@ -35,7 +35,7 @@ async def test_a_statement_of_many_marks_scans_each_cte_once(
         await conn.execute(insert(jobs), rows)
         ids = (
             await conn.execute(
-                insert(outbox).returning(outbox.c.id),
+                insert(outbox).returning(outbox.c.id, sort_by_parameter_order=True),
                 [{"topic": topic, "key": r["id"], "payload": b"{}"} for r in rows],
             )
         ).scalars()
