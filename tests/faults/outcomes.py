@@ -47,10 +47,15 @@ async def states(db: AsyncEngine, ids: list[str]) -> dict[str, tuple[str, int]]:
 
 
 async def until(db: AsyncEngine, ids: list[str], done: Any, within_s: float) -> None:
-    """Until ``done(states)`` holds."""
-    async with asyncio.timeout(within_s):
-        while not done(await states(db, ids)):
-            await asyncio.sleep(0.2)
+    """Until ``done(states)`` holds; else fails with the jobs' states as last seen."""
+    found: dict[str, tuple[str, int]] = {}
+    try:
+        async with asyncio.timeout(within_s):
+            while not done(found := await states(db, ids)):
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        seen = Counter(f"{state} (attempt {attempt})" for state, attempt in found.values())
+        raise AssertionError(f"not done within {within_s} s; the jobs were: {seen}") from None
 
 
 def running(found: dict[str, tuple[str, int]]) -> int:
