@@ -28,6 +28,7 @@ SECRET_PREFIX = "whsec_"
 # Prometheus metric names.
 M_WEBHOOK_ATTEMPTS = "sluicegate_webhook_attempts_total"
 M_WEBHOOK_FINISHED = "sluicegate_webhook_deliveries_finished_total"
+M_WEBHOOK_OLDEST_DUE = "sluicegate_webhook_oldest_due_seconds"
 
 
 class DeliveryState(StrEnum):

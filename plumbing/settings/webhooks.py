@@ -45,6 +45,14 @@ class WebhookSettings(SettingsGroup):
         description="Attempts in flight at once to one endpoint (one URL of one tenant), per "
         "dispatcher.",
     )
+    webhook_claim_every_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Longest the dispatcher goes without looking for due deliveries, "
+        "however quiet: the bound on how late a delivery whose wake was missed (a NOTIFY "
+        "lost on a reconnect, another dispatcher gone) is claimed. An idle dispatcher runs "
+        "one short statement this often.",
+    )
     webhook_allow_networks: tuple[IPvAnyNetwork, ...] = Field(
         default=(),
         description="Addresses a callback may resolve to although they are loopback, "

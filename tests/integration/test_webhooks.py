@@ -10,16 +10,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import Response
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 
 from plumbing.db import make_engine
 from plumbing.settings import Settings
+from producers.service import run_relay
 from schemas.tables import (
     batches,
     dead_letters,
     jobs,
     outbox,
     webhook_attempts,
+    webhook_deliveries,
     webhook_endpoints,
 )
 from tests.integration.webhooks import (
@@ -34,6 +36,7 @@ from tests.integration.webhooks import (
     webhook_settings,
 )
 from tests.support.topics import caught_up
+from workers.service import run_worker
 from workers.webhooks.process import run_webhooks
 
 
@@ -45,8 +48,6 @@ async def rows(settings: Settings, statement: Any) -> list[dict[str, Any]]:
             return [dict(r) for r in result.mappings().all()] if result.returns_rows else []
     finally:
         await db.dispose()
-
-
 
 
 async def test_terminal_job_is_delivered_signed(settings: Settings) -> None:
@@ -408,3 +409,53 @@ async def test_in_flight_attempts_per_endpoint_are_limited(settings: Settings) -
             await delivery_of(pipeline, job_id, "delivered")
         assert len(receiver.on("/slow")) == 5
         assert receiver.most_in_flight <= 3
+
+
+async def test_a_burst_of_ends_is_attempted_within_2s_of_coming_due(settings: Settings) -> None:
+    """40 jobs ending together on two workers, every callback to one endpoint (four in
+    flight at most): each delivery's first attempt starts within 2 s of its coming due,
+    and the last ones are not left waiting for a wake that never comes."""
+    s = webhook_settings(settings, sim_time_scale=1.0)
+    async with receiving(Receiver()) as receiver, webhook_pipeline(s, start=False) as pipeline:
+        receiver.secrets.append((await create_secret(pipeline))["secret"])
+        pipeline.start(run_relay)
+        pipeline.start(run_worker)
+        pipeline.start(run_worker)
+        pipeline.start(run_webhooks)
+        ids = [await submit(pipeline, receiver.url("/hook"), max_tokens=64) for _ in range(40)]
+        await pipeline.wait_terminal(ids, timeout_s=90)
+        late = await attempted_late(s, ids, within_s=2.0)
+        assert late == {}, f"{len(late)} of 40 deliveries not attempted within 2 s of due"
+        await receiver.wait(lambda: len({r.id for r in receiver.got}) == 40)
+        assert all(r.verified_by == [0] for r in receiver.got)
+
+
+async def attempted_late(settings: Settings, subjects: list[str], within_s: float) -> dict:
+    """The deliveries of ``subjects`` whose first attempt did not start within ``within_s``
+    of their coming due (their row's first ``next_attempt_at``; the schedule's first wait is
+    0, so their creation), by subject: (seconds late so far, attempts)."""
+    first_attempt = (
+        select(func.min(webhook_attempts.c.at))
+        .where(webhook_attempts.c.delivery_id == webhook_deliveries.c.id)
+        .scalar_subquery()
+    )
+    query = select(
+        webhook_deliveries.c.subject,
+        webhook_deliveries.c.created_at,
+        webhook_deliveries.c.attempts,
+        first_attempt.label("first_at"),
+        func.now().label("now"),
+    ).where(webhook_deliveries.c.subject.in_(subjects))
+    async with asyncio.timeout(60):  # until each delivery is made and attempted, or late
+        while True:
+            found = await rows(settings, query)
+            made = {r["subject"]: r for r in found}
+            late = {
+                subject: ((r["first_at"] or r["now"]) - r["created_at"], r["attempts"])
+                for subject, r in made.items()
+                if (r["first_at"] or r["now"]) - r["created_at"] > timedelta(seconds=within_s)
+            }
+            attempted = all(r["first_at"] is not None for r in made.values())
+            if late or (len(made) == len(subjects) and attempted):
+                return late
+            await asyncio.sleep(0.2)

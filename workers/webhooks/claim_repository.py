@@ -11,7 +11,8 @@ endpoint disabled by a 410 is leased without counting an attempt, to be given up
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import text
@@ -21,9 +22,11 @@ Endpoint = tuple[str, str]  # (tenant, url)
 
 # ``wait_s``: until the first pending delivery not leased here comes due (negative: it is
 # overdue, e.g. locked by another dispatcher), leaving out endpoints that are full once
-# these are leased; NULL when there is none. It is on every row, and on a row of NULLs when
-# nothing was leased. (A CTE sees the table as it was when the statement began, so the
-# rows just leased are left out by id.)
+# these are leased; NULL when there is none. ``due_for_s``: how long the oldest delivery
+# that is due and was not leased here has been due (full endpoints included); NULL when
+# none is. Both are on every row, and on a row of NULLs when nothing was leased. (A CTE
+# sees the table as it was when the statement began, so the rows just leased are left out
+# by id.)
 _CLAIM = text(
     """
 WITH busy AS (
@@ -71,12 +74,17 @@ WITH busy AS (
       AND d.id NOT IN (SELECT id FROM picked)
       AND NOT EXISTS (SELECT 1 FROM load l
                       WHERE l.tenant = d.tenant AND l.url = d.url AND l.n >= :per_endpoint)
+), oldest_due AS (
+    SELECT CAST(extract(epoch FROM now() - min(d.next_attempt_at)) AS float8) AS due_for_s
+    FROM webhook_deliveries d
+    WHERE d.state = 'pending' AND d.next_attempt_at <= now()
+      AND d.id NOT IN (SELECT id FROM picked)
 )
-SELECT next_due.wait_s, leased.*,
+SELECT next_due.wait_s, oldest_due.due_for_s, leased.*,
        ARRAY(SELECT s.secret FROM webhook_secrets s
              WHERE s.tenant = leased.tenant AND (s.expires_at IS NULL OR s.expires_at > now())
              ORDER BY s.id) AS secrets
-FROM next_due LEFT JOIN leased ON true
+FROM next_due CROSS JOIN oldest_due LEFT JOIN leased ON true
 """
 )
 
@@ -105,6 +113,8 @@ class Claim:
     claimed: list[Claimed]
     disabled: list[str]  # ids of deliveries to disabled endpoints, leased to be given up
     wait_s: float | None  # until the next one not leased here comes due (None: none)
+    due_for_s: float | None  # how long the oldest due one not leased here has been due
+    full: frozenset[Endpoint]  # the endpoints at their limit once these were leased
 
 
 class ClaimRepository:
@@ -146,7 +156,25 @@ class ClaimRepository:
             if r.id is not None and not r.disabled
         ]
         disabled = [r.id for r in rows if r.id is not None and r.disabled]
-        wait_s = rows[0].wait_s if rows else None
+        first = rows[0] if rows else None
         return Claim(
-            claimed=claimed, disabled=disabled, wait_s=None if wait_s is None else float(wait_s)
+            claimed=claimed,
+            disabled=disabled,
+            wait_s=_seconds(first.wait_s if first else None),
+            due_for_s=_seconds(first.due_for_s if first else None),
+            full=full_after(ends, claimed, per_endpoint),
         )
+
+
+def full_after(
+    busy: Iterable[tuple[Endpoint, int]], claimed: Iterable[Claimed], per_endpoint: int
+) -> frozenset[Endpoint]:
+    """The endpoints at their limit once ``claimed`` start beside ``busy`` (the attempts in
+    flight that the claim was given): the claim left their other deliveries out of its
+    ``wait_s``."""
+    load = Counter(dict(busy)) + Counter(c.endpoint for c in claimed)
+    return frozenset(e for e, n in load.items() if n >= per_endpoint)
+
+
+def _seconds(value: float | None) -> float | None:
+    return None if value is None else float(value)

@@ -6,8 +6,9 @@ so a delivery waiting hours for its next attempt holds neither a task nor an end
 slot. A claim is one statement, which also says when the next delivery comes due; the loop
 then sleeps, without a statement, until the first of: that time, a delivery made here or
 announced by NOTIFY (another dispatcher's, a redelivery), a retry recorded here coming due,
-an attempt finishing while the dispatcher or its endpoint was full (a slot freed), or the
-stop event. An idle dispatcher runs no statement.
+a slot freed that the last claim found taken (an attempt ended to an endpoint it counted
+full, or while it ran), or the stop event; and never longer than ``claim_every_s``, so a
+delivery whose wake was missed is claimed all the same.
 """
 
 from __future__ import annotations
@@ -15,20 +16,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Protocol
 
 from prometheus_client import Counter as MetricCounter
+from prometheus_client import Gauge
 
 from plumbing.aio import wait_first
 from plumbing.metrics import registry
 from plumbing.retry import Stopped, outage, retrying
 from plumbing.retry import count as count_retry
 from schemas.constants import M_DEAD_LETTERED
-from schemas.webhooks import DEAD_LETTER_SOURCE, M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED
-from workers.webhooks.attempt_repository import Attempted, AttemptRepository, Recorded
-from workers.webhooks.claim_repository import Claimed, ClaimRepository, Endpoint
-from workers.webhooks.http import WebhookClient
+from schemas.webhooks import (
+    DEAD_LETTER_SOURCE,
+    M_WEBHOOK_ATTEMPTS,
+    M_WEBHOOK_FINISHED,
+    M_WEBHOOK_OLDEST_DUE,
+)
+from workers.webhooks.attempt_repository import Attempted, Recorded
+from workers.webhooks.claim_repository import Claim, Claimed, Endpoint
 from workers.webhooks.recorder import Recorder
 from workers.webhooks.retry import Answer, Outcome, RetrySchedule, Uniform, Verdict, judge
 from workers.webhooks.signing import signed_headers
@@ -41,6 +50,11 @@ ATTEMPTS = MetricCounter(
 )
 FINISHED = MetricCounter(
     M_WEBHOOK_FINISHED, "Webhook deliveries finished", ["state"], registry=WEBHOOKS
+)
+OLDEST_DUE = Gauge(
+    M_WEBHOOK_OLDEST_DUE,
+    "Seconds the oldest due delivery left unclaimed has been due, as of the last claim",
+    registry=WEBHOOKS,
 )
 DEAD_LETTERED = MetricCounter(
     M_DEAD_LETTERED,
@@ -56,11 +70,6 @@ def _disabled(deliveries: int) -> None:
     DEAD_LETTERED.labels(source=DEAD_LETTER_SOURCE, reason="endpoint_disabled").inc(deliveries)
 
 
-# For ACTIVE_S after it started an attempt, the loop claims at least every RECHECK_S: a
-# safety net for a wake that is missed (a CI run once saw a retry come due and go unclaimed
-# for 30 s; the cause was not confirmed). An idle dispatcher still runs no statement.
-RECHECK_S = 5.0
-ACTIVE_S = 60.0
 # A lease outlasts an attempt's time limit by this much before the row comes due again.
 LEASE_MARGIN_S = 30.0
 # Shortest wait when a row is due but could not be claimed (another dispatcher holds it).
@@ -68,18 +77,43 @@ MIN_WAIT_S = 0.05
 NO_SECRET = "no signing secret: create one with POST /v1/webhooks/secrets"
 
 
+class Claims(Protocol):
+    """Takes due deliveries (``ClaimRepository``)."""
+
+    async def claim(
+        self, *, limit: int, per_endpoint: int, busy: Mapping[Endpoint, int], lease_s: float
+    ) -> Claim: ...
+
+
+class Attempts(Protocol):
+    """Records what attempts did (``AttemptRepository``)."""
+
+    async def record(self, done: Sequence[Attempted]) -> set[str]: ...
+
+    async def give_up(self, claimed: Claimed, answer: Answer, verdict: Verdict) -> Recorded: ...
+
+    async def give_up_disabled(self, delivery_ids: Sequence[str]) -> int: ...
+
+
+class Poster(Protocol):
+    """Sends one attempt (``WebhookClient``)."""
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Answer: ...
+
+
 class Dispatcher:
     def __init__(
         self,
-        claims: ClaimRepository,
-        attempts: AttemptRepository,
-        client: WebhookClient,
+        claims: Claims,
+        attempts: Attempts,
+        client: Poster,
         *,
         schedule: RetrySchedule,
         uniform: Uniform,
         timeout_s: float,
         max_in_flight: int,
         per_endpoint: int,
+        claim_every_s: float,
         tag: str = "",
     ) -> None:
         self._claims = claims
@@ -93,13 +127,17 @@ class Dispatcher:
         self._max_in_flight = max_in_flight
         self._per_endpoint = per_endpoint
         self._tag = tag  # the NOTIFY payload of this dispatcher's own new deliveries
+        self._claim_every_s = claim_every_s
         self._wake = asyncio.Event()
         self._claim_now = True
-        self._held = False  # the last round stopped for want of a free slot
-        self._active_until = 0.0  # loop time until which RECHECK_S bounds a wait
-        self._due_at: float | None = None  # loop time of the next claim, None: when woken
+        self._next_claim = 0.0  # loop time of the next claim, at most claim_every_s ahead
+        self._claiming = False  # a claim is running: what it saw of the slots may be stale
+        self._held = False  # the last claim stopped for want of a free slot here
+        self._full: frozenset[Endpoint] = frozenset()  # endpoints the last claim found full
         self._busy: Counter[Endpoint] = Counter()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._due_since: float | None = None  # monotonic time the oldest due row came due
+        OLDEST_DUE.set_function(self.oldest_due_s)
 
     def wake(self) -> None:
         """Claim at once: something may have come due."""
@@ -118,19 +156,25 @@ class Dispatcher:
             self.wake()
             return
         at = asyncio.get_running_loop().time() + seconds
-        if self._due_at is None or at < self._due_at:
-            self._due_at = at
+        if at < self._next_claim:
+            self._next_claim = at
             self._wake.set()
+
+    def oldest_due_s(self) -> float:
+        """How long the oldest delivery that was due and unclaimed at the last claim has
+        been due (0: none was)."""
+        since = self._due_since
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
 
     async def run(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
                 self._wake.clear()
-                due_at = self._due_at
-                if self._claim_now or (due_at is not None and due_at <= loop.time()):
+                if self._claim_now or loop.time() >= self._next_claim:
                     self._claim_now = False
-                    self._due_at = None  # the claim says when next; due_in() lowers it
+                    # The latest the next claim comes: due_in() and wake() bring it nearer.
+                    self._next_claim = loop.time() + self._claim_every_s
                     try:
                         wait = await retrying(
                             "webhook_claim", self._round, stop=stop, transient=outage
@@ -140,23 +184,27 @@ class Dispatcher:
                     if wait is not None:
                         self.due_in(wait)
                     continue
-                limit = None if due_at is None else due_at - loop.time()
-                if loop.time() < self._active_until and (limit is None or limit > RECHECK_S):
-                    limit = RECHECK_S  # a safety net while busy lately (RECHECK_S)
-                await wait_first(stop, self._wake, limit_s=limit)
+                await wait_first(stop, self._wake, limit_s=self._next_claim - loop.time())
         finally:
             await self._drain()
 
     async def _round(self) -> float | None:
         """Claim and start what is due; how long until the next claim (0: at once, None:
-        until woken)."""
+        until woken, or ``claim_every_s``)."""
         free = self._max_in_flight - len(self._tasks)
         if free <= 0:
             self._held = True  # an attempt that ends wakes the loop
             return None
-        claim = await self._claims.claim(
-            limit=free, per_endpoint=self._per_endpoint, busy=self._busy, lease_s=self._lease_s
-        )
+        self._claiming = True
+        try:
+            claim = await self._claims.claim(
+                limit=free, per_endpoint=self._per_endpoint, busy=self._busy, lease_s=self._lease_s
+            )
+        finally:
+            self._claiming = False
+        self._full = claim.full  # an attempt that ends to one of them wakes the loop
+        due_for = claim.due_for_s
+        self._due_since = None if due_for is None else time.monotonic() - due_for
         for claimed in claim.claimed:
             self._start(claimed)
         if claim.disabled:
@@ -182,7 +230,6 @@ class Dispatcher:
             _disabled(dead)
 
     def _start(self, claimed: Claimed) -> None:
-        self._active_until = asyncio.get_running_loop().time() + ACTIVE_S
         self._busy[claimed.endpoint] += 1
         task = asyncio.create_task(self._attempt(claimed), name=f"webhook-{claimed.id}")
         self._tasks.add(task)
@@ -194,16 +241,16 @@ class Dispatcher:
         task.add_done_callback(done)
 
     def _done(self, task: asyncio.Task[None], endpoint: Endpoint) -> None:
-        """A slot is free: claim again if the claims were held back for want of one."""
-        full = len(self._tasks) >= self._max_in_flight or self._busy[endpoint] >= self._per_endpoint
+        """A slot is free: claim again if the last claim went without it (it found this
+        endpoint, or the dispatcher, full), or if a claim is running (the slots it counted
+        taken include this one)."""
         self._tasks.discard(task)
         self._busy[endpoint] -= 1
         if self._busy[endpoint] <= 0:
             del self._busy[endpoint]
-        # A round held back for want of a slot counted this attempt as taking one, though it
-        # may have been ending then: whatever the counts are now, that round claims again.
-        if full or self._held:
+        if self._held or self._claiming or endpoint in self._full:
             self._held = False
+            self._full = self._full - {endpoint}
             self.wake()
 
     async def _attempt(self, claimed: Claimed) -> None:

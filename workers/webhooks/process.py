@@ -56,6 +56,7 @@ async def run_webhooks(settings: Settings, stop: asyncio.Event) -> None:
         timeout_s=settings.webhook_timeout_s,
         max_in_flight=settings.webhook_max_in_flight,
         per_endpoint=settings.webhook_max_in_flight_per_endpoint,
+        claim_every_s=settings.webhook_claim_every_s,
         tag=tag,
     )
     listener = Listener(
