@@ -51,6 +51,8 @@ def scrape_config(
     jobs = [job["job_name"] for job in config["scrape_configs"]]
     if sorted(jobs) != sorted(targets):
         raise ValueError(f"targets for {sorted(targets)}, but the scrape jobs are {jobs}")
+    # Rule files are read relative to the configuration's file: the test's is elsewhere.
+    config["rule_files"] = [str(DEPLOY_CONFIG.parent / f) for f in config.get("rule_files", [])]
     config["global"] = {
         **config.get("global", {}),
         "scrape_interval": interval,
@@ -88,6 +90,13 @@ class Prometheus:
         r.raise_for_status()
         active: list[dict[str, Any]] = r.json()["data"]["activeTargets"]
         return active
+
+    async def rules(self, client: httpx.AsyncClient) -> list[dict[str, Any]]:
+        """Every rule Prometheus loaded, with its ``health`` and ``lastError``."""
+        r = await client.get(f"{self.url}/api/v1/rules", timeout=10)
+        r.raise_for_status()
+        groups = r.json()["data"]["groups"]
+        return [rule for group in groups for rule in group["rules"]]
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

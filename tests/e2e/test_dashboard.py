@@ -9,6 +9,9 @@ exercises every panel: steady submits, bursts over ``lag_hard`` (429) and bad re
 (4xx), jobs that expire before decode, cancels of running jobs, webhook deliveries that
 are delivered, retried and dead-lettered, and poison on the dispatch topic.
 
+Prometheus also loads the alert rules of deploy/prometheus/alerts.yml, and every rule must
+have evaluated without error by the end.
+
 Then every target of every panel of deploy/grafana/dashboards/sluicegate.json is queried
 (as Grafana sends it with every variable at All: ``$model`` as ``.*``, and
 ``$__rate_interval`` as ``5m``, a window covering the load) and must give a number; every
@@ -573,6 +576,7 @@ async def test_every_dashboard_panel_shows_data_from_its_own_role(
                     if t["health"] != "up"
                 ]
                 report(targets, found, tmp_path / "dashboard_values.json")
+                rules = await prometheus.rules(client)
 
             stopped = await asyncio.gather(*(stop(role) for role in running))
             timings["stop"] = time.monotonic() - started_at - sum(timings.values())
@@ -586,6 +590,13 @@ async def test_every_dashboard_panel_shows_data_from_its_own_role(
         problems["families exported by a role that does not own them"] = owned
     if down:
         problems["scrape targets down"] = down
+    if not rules:
+        problems["alert rules"] = ["  Prometheus loaded no rule from deploy/prometheus/alerts.yml"]
+    unhealthy = [
+        f"  {r['name']}: {r['health']} {r.get('lastError')}" for r in rules if r["health"] != "ok"
+    ]
+    if unhealthy:
+        problems["alert rules that do not evaluate"] = unhealthy
     bad_exits = [
         f"  {name} exited {code} after {took:.1f} s:\n{role.output()[-2000:]}"
         for (name, code, took), role in zip(stopped, running, strict=True)

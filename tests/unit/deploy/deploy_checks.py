@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from schemas import constants
+from schemas import constants, webhooks
 from tests.unit.deploy.files import (
+    ALERTS_FILE,
     DASHBOARD_FILE,
     GRAFANA,
     NGINX_FILE,
@@ -121,24 +122,59 @@ def check_grafana(deploy: Deploy) -> None:
         assert variable["datasource"]["uid"] == source["uid"], f"${name}: another data source"
 
 
-def check_dashboard_metrics(deploy: Deploy) -> None:
-    """Every series the dashboard reads is one the code exports (or Prometheus's own ``up``),
-    grouped by labels it has, from jobs that exist."""
+def _check_expr(deploy: Deploy, where: str, expr: str) -> None:
+    """``expr`` reads series the code exports (or Prometheus's own ``up``), grouped and
+    matched by labels they have, from jobs that exist."""
     series = exported_series() | PROMETHEUS_SERIES
     on_target = target_labels(deploy["prometheus"])
     jobs = {job["job_name"] for job in deploy["prometheus"]["scrape_configs"]}
+    names = promql_metrics(expr)
+    assert names, f"{where}: {expr} reads no metric"
+    unknown = names - set(series)
+    assert not unknown, f"{where}: no code exports {sorted(unknown)}"
+    labels = on_target.union(*(series[name] for name in names))
+    assert promql_grouping(expr) <= labels, f"{where}: {expr}"
+    for label, operator, value in promql_matchers(expr):
+        assert label in labels, f"{where}: no label {label}"
+        if label == "job" and operator == "=":
+            assert value in jobs, f"{where}: no job {value}"
+
+
+def check_dashboard_metrics(deploy: Deploy) -> None:
+    """Every series the dashboard reads is one the code exports (or Prometheus's own ``up``),
+    grouped by labels it has, from jobs that exist."""
     for panel in panels(deploy["dashboard"]):
         for expr in exprs(panel):
-            names = promql_metrics(expr)
-            assert names, f"{panel['title']}: {expr} reads no metric"
-            unknown = names - set(series)
-            assert not unknown, f"{panel['title']}: no code exports {sorted(unknown)}"
-            labels = on_target.union(*(series[name] for name in names))
-            assert promql_grouping(expr) <= labels, f"{panel['title']}: {expr}"
-            for label, operator, value in promql_matchers(expr):
-                assert label in labels, f"{panel['title']}: no label {label}"
-                if label == "job" and operator == "=":
-                    assert value in jobs, f"{panel['title']}: no job {value}"
+            _check_expr(deploy, panel["title"], expr)
+
+
+# The alerts deploy/prometheus/alerts.yml must have, and a series each must read.
+REQUIRED_ALERTS = {"SluicegateWebhooksBehind": webhooks.M_WEBHOOK_OLDEST_DUE}
+
+
+def check_alert_rules(deploy: Deploy) -> None:
+    """Prometheus loads alerts.yml, mounted beside its configuration; every alert reads
+    series the code exports, waits a while before it fires, says how severe it is and what
+    happened; the required alerts are there."""
+    prometheus = deploy["compose"]["services"]["prometheus"]
+    config = [arg.split("=", 1)[1] for arg in prometheus["command"] if "--config.file=" in arg]
+    binds = bind_mounts(prometheus)
+    loaded = [
+        binds.get(str(Path(config[0]).parent / name)) for name in deploy["prometheus"]["rule_files"]
+    ]
+    assert loaded == [ALERTS_FILE], f"Prometheus loads {loaded}"
+    alerts = {}
+    for group in deploy["alerts"]["groups"]:
+        for rule in group["rules"]:
+            name = rule["alert"]
+            _check_expr(deploy, name, rule["expr"])
+            assert seconds(rule["for"]) > 0, f"{name} fires on one evaluation"
+            assert rule["labels"]["severity"] in {"warning", "critical"}, name
+            assert rule["annotations"]["summary"], name
+            alerts[name] = rule["expr"]
+    for name, metric in REQUIRED_ALERTS.items():
+        assert name in alerts, f"no alert {name}"
+        assert metric in promql_metrics(alerts[name]), f"{name} does not read {metric}"
 
 
 # The panels the dashboard must have: the series they read and the labels they break out.
@@ -220,4 +256,5 @@ DEPLOY_CHECKS: list[Callable[[Deploy], None]] = [
     check_dashboard_metrics,
     check_dashboard_panels,
     check_dashboard_models,
+    check_alert_rules,
 ]

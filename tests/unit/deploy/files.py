@@ -24,6 +24,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 DEPLOY = ROOT / "deploy"
 PROMETHEUS_FILE = DEPLOY / "prometheus" / "prometheus.yml"
+ALERTS_FILE = DEPLOY / "prometheus" / "alerts.yml"
 NGINX_FILE = DEPLOY / "nginx" / "nginx.conf"
 GRAFANA = DEPLOY / "grafana"
 DATASOURCES_FILE = GRAFANA / "provisioning" / "datasources" / "prometheus.yml"
@@ -31,8 +32,8 @@ PROVIDERS_FILE = GRAFANA / "provisioning" / "dashboards" / "sluicegate.yml"
 DASHBOARD_FILE = GRAFANA / "dashboards" / "sluicegate.json"
 
 Compose = dict[str, Any]
-# The compose file with the files it mounts: compose, prometheus, datasources, providers,
-# dashboard (parsed) and nginx (text).
+# The compose file with the files it mounts: compose, prometheus, alerts, datasources,
+# providers, dashboard (parsed) and nginx (text).
 Deploy = dict[str, Any]
 # Sluicegate services that run until stopped (all but the one-shot migration).
 ONE_SHOT = "migrate"
@@ -66,6 +67,7 @@ def load_deploy() -> Deploy:
     return {
         "compose": load_compose(),
         "prometheus": parsed(PROMETHEUS_FILE),
+        "alerts": parsed(ALERTS_FILE),
         "datasources": parsed(DATASOURCES_FILE),
         "providers": parsed(PROVIDERS_FILE),
         "dashboard": parsed(DASHBOARD_FILE),

@@ -8,9 +8,19 @@ import copy
 import pytest
 
 from schemas import constants
-from tests.unit.deploy.breaking import BROKEN, Breakage, at, first_panel, nginx, panel_at, reword
+from tests.unit.deploy.breaking import (
+    BROKEN,
+    Breakage,
+    at,
+    edit,
+    first_panel,
+    nginx,
+    panel_at,
+    reword,
+)
 from tests.unit.deploy.deploy_checks import (
     DEPLOY_CHECKS,
+    check_alert_rules,
     check_dashboard_metrics,
     check_dashboard_models,
     check_dashboard_panels,
@@ -22,6 +32,7 @@ from tests.unit.deploy.files import load_deploy
 
 S = "services"
 SCRAPE = "prometheus/scrape_configs"
+RULE = "alerts/groups/0/rules/0"
 MODEL_PICKED = '{model=~"$model"}'
 BREAKAGES = [
     Breakage(
@@ -157,6 +168,25 @@ BREAKAGES = [
         at("dashboard/templating/list/0/datasource/uid", "prom"),
     ),
     Breakage("repeated panel id", check_dashboard_panels, panel_at(constants.M_KV_USAGE, "id", 1)),
+    Breakage("alerts never loaded", check_alert_rules, at("prometheus/rule_files", [])),
+    Breakage(
+        "alerts not mounted",
+        check_alert_rules,
+        edit(f"compose/{S}/prometheus/volumes", lambda v: [m for m in v if "alerts" not in m]),
+    ),
+    Breakage(
+        "an alert on a metric no code exports",
+        check_alert_rules,
+        at(f"{RULE}/expr", "max(sluicegate_webhook_oldest_due) > 60"),
+    ),
+    Breakage(
+        "an alert grouped by a label the metric lacks",
+        check_alert_rules,
+        at(f"{RULE}/expr", "max by (endpoint) (sluicegate_webhook_oldest_due_seconds) > 60"),
+    ),
+    Breakage("an alert that fires on one evaluation", check_alert_rules, at(f"{RULE}/for", "0s")),
+    Breakage("an alert without a severity", check_alert_rules, at(f"{RULE}/labels")),
+    Breakage("no alert of deliveries waiting", check_alert_rules, at("alerts/groups/0/rules", [])),
 ]
 
 

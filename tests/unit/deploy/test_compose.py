@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from schemas import constants
 from tests.unit.deploy.compose_checks import COMPOSE_CHECKS, check_dockerfile, check_dockerignore
 from tests.unit.deploy.deploy_checks import DEPLOY_CHECKS
 from tests.unit.deploy.files import (
+    ALERTS_FILE,
     COMPOSE_FILE,
     DOCKERFILE,
     DOCKERIGNORE,
@@ -158,3 +161,11 @@ def test_a_worker_family_carries_its_pool_model() -> None:
     assert "model" in series[constants.M_DEAD_LETTERED]
     assert constants.M_DEAD_LETTERED not in labelled
     assert constants.M_RELAY_PUBLISHED not in labelled
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="no promtool (Debian's prometheus)")
+def test_promtool_accepts_the_alert_rules() -> None:
+    checked = subprocess.run(
+        ["promtool", "check", "rules", str(ALERTS_FILE)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
