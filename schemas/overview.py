@@ -58,10 +58,26 @@ class WorkerView(BaseModel):
     stale: bool = Field(description="Not reported for three intervals: stopped or stuck")
 
 
+class DeliveriesView(BaseModel):
+    """The webhook deliveries not yet delivered or dead. A dispatcher leases a row it claims
+    by moving its ``next_attempt_at`` ahead, so one due is one no dispatcher has claimed."""
+
+    pending: int = Field(description="Not delivered or dead: due, in flight, or awaiting a retry")
+    due: int = Field(description="Due now and not claimed by a dispatcher")
+    oldest_due_s: float | None = Field(
+        description="How long the oldest due one has been due, by the database's clock "
+        "(null: none is due)"
+    )
+    behind: bool = Field(
+        description="The oldest due one has been due over a minute: a slow receiver holds "
+        "its endpoint's slots, the dispatchers are full, or none runs"
+    )
+
+
 class Overview(BaseModel):
-    """Jobs and drops are the caller's tenant's (every tenant's for an operator key);
-    admission and workers are the deployment's. ``jobs``: every model and state with jobs
-    not ended now, and the jobs that ended within the last ``window_s``."""
+    """Jobs, drops and deliveries are the caller's tenant's (every tenant's for an operator
+    key); admission and workers are the deployment's. ``jobs``: every model and state with
+    jobs not ended now, and the jobs that ended within the last ``window_s``."""
 
     generated_at: float
     window_s: int
@@ -73,3 +89,7 @@ class Overview(BaseModel):
     jobs: list[JobCount]
     drops: list[DropCount]
     workers: list[WorkerView]
+    deliveries: DeliveriesView = Field(
+        default=DeliveriesView(pending=0, due=0, oldest_due_s=None, behind=False),
+        description="The webhook deliveries waiting",
+    )

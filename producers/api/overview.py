@@ -1,5 +1,5 @@
-"""GET /v1/overview: admission and the lag, jobs by model and state, drops by reason, and
-the workers with their capacity (``schemas.overview``)."""
+"""GET /v1/overview: admission and the lag, jobs by model and state, drops by reason, the
+workers with their capacity, and the webhook deliveries waiting (``schemas.overview``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from fastapi import APIRouter, Query
 
 from producers.api import openapi
 from producers.api.deps import AppSettings, CallerOf, Overviews, Pools
+from producers.overview.repository import DeliveryCounts
 from schemas.overview import (
     AdmissionView,
+    DeliveriesView,
     DropCount,
     JobCount,
     Overview,
@@ -24,6 +26,9 @@ DEFAULT_WINDOW_S = 300
 MAX_WINDOW_S = 86_400
 # A worker row not written for this many report intervals is shown as stale.
 STALE_INTERVALS = 3
+# A delivery due (and not claimed) this long shows the dispatchers behind, as the alert
+# SluicegateWebhooksBehind (deploy/prometheus/alerts.yml) judges them.
+BEHIND_S = 60.0
 
 router = APIRouter(tags=["overview"])
 
@@ -44,9 +49,9 @@ async def overview(
     ] = DEFAULT_WINDOW_S,
 ) -> Overview:
     """Admission as a normal-priority submit meets it, the jobs by model and state (those
-    not ended, and those ended within ``window_s``), the drops by reason within it, and the
-    workers that report themselves. Jobs and drops are the caller's tenant's, every
-    tenant's for an operator key."""
+    not ended, and those ended within ``window_s``), the drops by reason within it, the
+    workers that report themselves, and the webhook deliveries pending and due. Jobs,
+    drops and deliveries are the caller's tenant's, every tenant's for an operator key."""
     scope = None if caller.operator else caller.tenant
     stale_s = STALE_INTERVALS * settings.worker_report_s
     return Overview(
@@ -77,4 +82,15 @@ async def overview(
             )
             for w in await store.workers()
         ],
+        deliveries=_deliveries(await store.deliveries(scope)),
+    )
+
+
+def _deliveries(counts: DeliveryCounts) -> DeliveriesView:
+    oldest = counts.oldest_due_s
+    return DeliveriesView(
+        pending=counts.pending,
+        due=counts.due,
+        oldest_due_s=None if oldest is None else round(oldest, 3),
+        behind=oldest is not None and oldest > BEHIND_S,
     )

@@ -1,5 +1,6 @@
 """The overview's SQL: jobs by model and state (not ended, and ended in a window), drops by
-reason, and the workers' rows (``workers``, written by ``workers.presence``)."""
+reason, the workers' rows (``workers``, written by ``workers.presence``) and the webhook
+deliveries waiting."""
 
 from __future__ import annotations
 
@@ -7,18 +8,22 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import ColumnElement, Select, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from plumbing.carpool import Carpool, on
 from producers.jobs.repository import job_model
 from schemas.states import TERMINAL_STATES, JobState
-from schemas.tables import jobs, workers
+from schemas.tables import jobs, webhook_deliveries, workers
+from schemas.webhooks import DeliveryState
 
 # The states of jobs not ended, named (not "not terminal"), so that the planner reads only
 # their entries of ix_jobs_state: rows bounded by admission, not the retained history.
 UNENDED = [s.value for s in JobState if s not in TERMINAL_STATES]
 _DROPS = [JobState.EXPIRED.value, JobState.CANCELLED.value, JobState.ABANDONED.value]
+# As a literal, so that a prepared statement's generic plan can still use the partial index
+# ix_webhook_deliveries_due (WHERE state = 'pending').
+_PENDING: ColumnElement[str] = literal_column(f"'{DeliveryState.PENDING.value}'")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +37,13 @@ class WorkerRow:
     started_at: datetime
     seen_at: datetime
     age_s: float  # since seen_at, by the database's clock
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeliveryCounts:
+    pending: int  # not delivered or dead: due, leased by a dispatcher, or awaiting a retry
+    due: int  # due now and not claimed: a claim leases a row by moving next_attempt_at ahead
+    oldest_due_s: float | None  # since the oldest due one came due, by the database's clock
 
 
 def unended_counts(tenant: str | None) -> Select[Any]:
@@ -91,3 +103,25 @@ class OverviewStore:
                 (await conn.execute(select(workers, age).order_by(workers.c.id))).mappings().all()
             )
         return [WorkerRow(**{**dict(r), "age_s": float(r["age_s"])}) for r in rows]
+
+    async def deliveries(self, tenant: str | None) -> DeliveryCounts:
+        """The pending deliveries (of one tenant, or of all), those due, and the oldest due's
+        wait, in one statement over the pending rows (found through the partial index
+        ix_webhook_deliveries_due, never a pass over the ended ones kept for retention)."""
+        d = webhook_deliveries.c
+        due = d.next_attempt_at <= func.now()
+        oldest = func.min(d.next_attempt_at).filter(due)
+        query = select(
+            func.count(),
+            func.count().filter(due),
+            func.extract("epoch", func.now() - oldest),
+        ).where(d.state == _PENDING)
+        if tenant is not None:
+            query = query.where(d.tenant == tenant)
+        async with self._engine.connect() as conn:
+            pending, due_now, waited = (await conn.execute(query)).one()
+        return DeliveryCounts(
+            pending=int(pending),
+            due=int(due_now),
+            oldest_due_s=None if waited is None else float(waited),
+        )

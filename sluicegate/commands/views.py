@@ -30,7 +30,7 @@ def overview(view: Overview, api_url: str, problem: str | None = None) -> Render
         parts[1:] = [Text("admission by model"), *(admission(view, p) for p in view.pools)]
     if problem:
         parts.append(Text(problem, style="bold red"))
-    for section in (jobs_by_state(view), drops(view), workers(view)):
+    for section in (jobs_by_state(view), drops(view), deliveries(view), workers(view)):
         parts += [Text(""), section]  # a blank line ends each table
     return Group(*parts)
 
@@ -69,6 +69,22 @@ def drops(view: Overview) -> RenderableType:
     for d in view.drops:
         table.add_row(d.state, d.reason, str(d.count))
     return table
+
+
+def deliveries(view: Overview) -> Text:
+    """The webhook deliveries waiting: those due and not claimed, how long the oldest has
+    waited (red when the API finds the dispatchers behind), and all pending (in flight and
+    awaiting a retry included)."""
+    d = view.deliveries
+    if not d.pending:
+        return Text("webhooks  none pending")
+    line = Text(f"webhooks  {d.due} due")
+    if d.oldest_due_s is not None:
+        line.append(", oldest due ")
+        line.append(f"{d.oldest_due_s:.1f} s", style="red" if d.behind else "")
+        line.append(" ago")
+    line.append(f"; {d.pending} pending")
+    return line
 
 
 def workers(view: Overview) -> RenderableType:

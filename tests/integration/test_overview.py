@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -263,6 +264,64 @@ async def test_the_overview_counts_jobs_drops_and_workers(
     assert narrow["drops"] == []
     bad = await api.get("/v1/overview?window_s=0", headers=bearer(plain))
     assert bad.status_code == 422
+
+
+def _delivery(name: str, tenant: str, state: str, next_attempt_at: datetime) -> dict[str, object]:
+    ended = state != "pending"
+    return {
+        "id": f"msg_{name}",
+        "tenant": tenant,
+        "subject": f"00000000-0000-0000-0000-{name:0>12}",
+        "event_type": "job.succeeded",
+        "url": "https://receiver.example/hook",
+        "body": "{}",
+        "state": state,
+        "next_attempt_at": next_attempt_at,
+        "finished_at": next_attempt_at if ended else None,
+    }
+
+
+async def test_the_overview_counts_the_deliveries_waiting(
+    api: httpx.AsyncClient, db: AsyncEngine
+) -> None:
+    now = datetime.now(UTC)
+    rows = [
+        _delivery("1", "t", "pending", now - timedelta(seconds=90)),  # due, behind
+        _delivery("2", "t", "pending", now - timedelta(seconds=5)),  # due
+        _delivery("3", "t", "pending", now + timedelta(hours=1)),  # leased, or a later retry
+        _delivery("4", "t", "delivered", now - timedelta(seconds=600)),
+        _delivery("5", "u", "pending", now - timedelta(seconds=200)),
+        _delivery("6", "u", "dead", now - timedelta(seconds=900)),
+    ]
+    async with db.begin() as conn:
+        await conn.execute(insert(webhook_deliveries), rows)
+    store = KeyStore(db)
+    plain, operator = await store.create("t"), await store.create("ops", operator=True)
+
+    async def deliveries(key: str) -> dict[str, Any]:
+        answer = await api.get("/v1/overview", headers=bearer(key))
+        assert answer.status_code == 200, answer.text
+        found: dict[str, Any] = answer.json()["deliveries"]
+        return found
+
+    mine = await deliveries(plain)
+    assert (mine["pending"], mine["due"], mine["behind"]) == (3, 2, True)
+    assert 90 <= mine["oldest_due_s"] < 150  # by the database's clock
+    every = await deliveries(operator)
+    assert (every["pending"], every["due"], every["behind"]) == (4, 3, True)
+    assert 200 <= every["oldest_due_s"] < 260
+    # A tenant with nothing pending: zeros, and no oldest.
+    none = await deliveries(await store.create("v"))
+    assert none == {"pending": 0, "due": 0, "oldest_due_s": None, "behind": False}
+    # Only the rows not yet due: pending, none due.
+    async with db.begin() as conn:
+        await conn.execute(
+            update(webhook_deliveries)
+            .where(webhook_deliveries.c.tenant == "t", webhook_deliveries.c.state == "pending")
+            .values(next_attempt_at=now + timedelta(minutes=5))
+        )
+    later = await deliveries(plain)
+    assert later == {"pending": 3, "due": 0, "oldest_due_s": None, "behind": False}
 
 
 async def test_a_worker_reports_itself_and_leaves_at_a_clean_stop(

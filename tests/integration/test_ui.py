@@ -139,6 +139,11 @@ async def test_a_dead_delivery_is_redelivered_from_the_webhooks_page(
             select(webhook_deliveries.c.state).where(webhook_deliveries.c.id == "msg_ui_dead")
         )
     assert state == "pending"  # due again: the dispatcher sends it now
+    # No dispatcher runs here: the pipeline panel shows it waiting, due and not claimed.
+    panel = (await api.get("/ui/pipeline/panel")).text
+    assert '<td id="deliveries-pending">1</td>' in panel
+    assert '<td id="deliveries-due">1</td>' in panel
+    assert " s ago</span>" in panel  # how long it has been due
     again = await api.post(action, data=token, headers={"Origin": ORIGIN})
     assert again.headers["location"] == "/ui/webhooks?state=dead&error=delivery_not_dead"
     missing = await api.post(

@@ -10,6 +10,7 @@ from rich.console import Console, RenderableType
 from schemas.batches import Status
 from schemas.overview import (
     AdmissionView,
+    DeliveriesView,
     DropCount,
     JobCount,
     Overview,
@@ -104,3 +105,29 @@ def test_with_several_pools_status_shows_each_models_admission() -> None:
     single = text(views.overview(one.model_copy(update={"pools": pools[:1]}), "http://api"))
     assert "admission by model" not in single
     assert "admission open  lag 3" in single
+
+
+def waiting(**deliveries: object) -> Overview:
+    counts = {"pending": 0, "due": 0, "oldest_due_s": None, "behind": False, **deliveries}
+    return overview().model_copy(update={"deliveries": DeliveriesView(**counts)})
+
+
+def test_status_shows_the_webhook_deliveries_waiting() -> None:
+    none = text(views.overview(overview(), "http://api"))
+    assert "webhooks  none pending" in none
+    # After the drops, before the workers.
+    assert none.index("drops") < none.index("webhooks") < none.index("workers")
+
+    shown = text(views.overview(waiting(pending=10, due=3, oldest_due_s=12.34), "http://api"))
+    assert "webhooks  3 due, oldest due 12.3 s ago; 10 pending" in shown
+    # In flight or awaiting a retry, none due: no oldest.
+    assert views.deliveries(waiting(pending=2)).plain == "webhooks  0 due; 2 pending"
+
+
+def test_the_oldest_due_is_red_when_the_dispatchers_are_behind() -> None:
+    def red(view: Overview) -> list[str]:
+        line = views.deliveries(view)
+        return [line.plain[s.start : s.end] for s in line.spans if str(s.style) == "red"]
+
+    assert red(waiting(pending=1, due=1, oldest_due_s=75.0, behind=True)) == ["75.0 s"]
+    assert red(waiting(pending=1, due=1, oldest_due_s=5.0)) == []

@@ -1,5 +1,5 @@
-"""The web page's pure pieces: the CSRF checks of its writes, where a login may lead, and
-the lists' filters read from a query string."""
+"""The web page's pure pieces: the CSRF checks of its writes, where a login may lead, the
+lists' filters read from a query string, and the pipeline panel made from an overview."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from urllib.parse import parse_qs
 import pytest
 
 from producers.ui import filters
+from producers.ui.pages import templates
 from producers.ui.session import CsrfRefused, check_write, csrf_token, safe_next, same_origin
+from schemas.overview import AdmissionView, DeliveriesView, Overview
 from schemas.states import JobState
 
 KEY = "sk_0123456789ab_" + "s" * 40
@@ -114,3 +116,43 @@ def test_multi_groups_repeated_names() -> None:
         "state": ["a", "b"],
         "model": ["m"],
     }
+
+
+def panel(deliveries: DeliveriesView) -> str:
+    """The pipeline panel of an overview with only ``deliveries`` in it."""
+    admission = AdmissionView(
+        state="open", lag=0, lag_soft=100, lag_hard=200, reading_age_s=None, retry_after_s=None
+    )
+    view = Overview(
+        generated_at=0.0,
+        window_s=900,
+        operator=False,
+        admission=admission,
+        jobs=[],
+        drops=[],
+        workers=[],
+        deliveries=deliveries,
+    )
+    return templates.env.get_template("pipeline_panel.html").render(
+        overview=view,
+        models=[],
+        counts={},
+        job_states=[s.value for s in JobState],
+        drain_rate=None,
+        arrival_rate=None,
+        blocked=0,
+        poll_s=3,
+    )
+
+
+def test_the_pipeline_panel_shows_the_deliveries_waiting() -> None:
+    behind = DeliveriesView(pending=10, due=3, oldest_due_s=75.04, behind=True)
+    shown = panel(behind)
+    assert 'id="deliveries-waiting"' in shown
+    assert '<td id="deliveries-pending">10</td>' in shown
+    assert '<td id="deliveries-due">3</td>' in shown
+    assert '<span class="error">75.0 s ago</span>' in shown
+    assert 'href="/ui/webhooks?state=pending"' in shown
+    calm = panel(DeliveriesView(pending=2, due=0, oldest_due_s=None, behind=False))
+    assert '<td id="deliveries-due">0</td>' in calm
+    assert '<td id="deliveries-oldest-due">—</td>' in calm
