@@ -68,12 +68,16 @@ WITH busy AS (
           SELECT tenant, url, 1 FROM picked WHERE NOT disabled) AS x
     GROUP BY tenant, url
 ), next_due AS (
-    SELECT CAST(extract(epoch FROM min(d.next_attempt_at) - now()) AS float8) AS wait_s
-    FROM webhook_deliveries d
-    WHERE d.state = 'pending'
-      AND d.id NOT IN (SELECT id FROM picked)
-      AND NOT EXISTS (SELECT 1 FROM load l
-                      WHERE l.tenant = d.tenant AND l.url = d.url AND l.n >= :per_endpoint)
+    SELECT CAST(extract(epoch FROM (
+        SELECT d.next_attempt_at
+        FROM webhook_deliveries d
+        WHERE d.state = 'pending'
+          AND d.id NOT IN (SELECT id FROM picked)
+          AND NOT EXISTS (SELECT 1 FROM load l
+                          WHERE l.tenant = d.tenant AND l.url = d.url AND l.n >= :per_endpoint)
+        ORDER BY d.next_attempt_at
+        LIMIT 1
+    ) - now()) AS float8) AS wait_s
 ), oldest_due AS (
     SELECT CAST(extract(epoch FROM now() - min(d.next_attempt_at)) AS float8) AS due_for_s
     FROM webhook_deliveries d
