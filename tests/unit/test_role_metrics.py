@@ -10,7 +10,7 @@ import workers.metrics
 import workers.webhooks.dispatch  # noqa: F401
 from plumbing.metrics import ROLES, Role, exposition, registry
 from schemas import constants as c
-from schemas.webhooks import M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED
+from schemas.webhooks import M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED, M_WEBHOOK_OLDEST_DUE
 
 SHARED = {c.M_RETRIES}
 OWN: dict[Role, set[str]] = {
@@ -58,7 +58,7 @@ OWN: dict[Role, set[str]] = {
         c.M_KV_RESERVED,
         c.M_PREEMPTIONS,
     },
-    "webhooks": {M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED, c.M_DEAD_LETTERED},
+    "webhooks": {M_WEBHOOK_ATTEMPTS, M_WEBHOOK_FINISHED, M_WEBHOOK_OLDEST_DUE, c.M_DEAD_LETTERED},
 }
 
 
