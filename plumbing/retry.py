@@ -208,8 +208,9 @@ async def in_rounds(
     activity: Activity | None = None,
 ) -> None:
     """Run ``step`` at each ``wake`` and every ``interval_s``, rounds at least ``min_gap_s``
-    apart, until ``stop``. A round failed by the database or the network is logged (as
-    ``name``), counted as a retry of ``operation``, and tried again at the next round.
+    apart, until ``stop``. A round failed by an outage (``outage``: the database, its
+    connection pool or the network) is logged (as ``name``), counted as a retry of
+    ``operation``, and tried again at the next round.
 
     With ``activity``, a round whose result is ``quiet`` (it found nothing to do) is
     followed by a wait of up to ``QUIET_S`` instead, ended at once by ``wake``, or by
@@ -220,8 +221,9 @@ async def in_rounds(
         idle = False
         try:
             idle = quiet is not None and quiet(await step())
-        except (DBAPIError, OSError) as exc:
-            count(operation, exc)
+        except Exception as exc:
+            if count(operation, exc, outage) is None:
+                raise
             logger.warning("%s: round failed, retrying: %r", name, exc)
         await wait_first(stop, limit_s=min_gap_s)
         if idle and heard is not None and activity is not None and activity.listening:

@@ -10,8 +10,9 @@ NOTIFY) and every ``interval_s``: that sweep picks up what a restarted or crashe
 ``validating`` or ``finalizing``, since each step is one transaction on a row taken with
 SKIP LOCKED (the state is the rows', never the process's). A round first asks, in one
 statement, whether any batch waits for a step; with an ``Activity`` (the API's: what it
-hears of batch jobs), a round that changed nothing is followed by a wait of up to
-``QUIET_S`` unless something is heard first.
+hears of batch jobs), a round that found none waiting is followed by a wait of up to
+``QUIET_S`` unless something is heard first. One that found a batch waiting but could not
+take it (held by another transaction) is followed by an interval.
 """
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ class Lifecycle:
         """A batch was created, or a job ended: a round now."""
         self._wake.set()
 
-    async def step(self) -> int:
+    async def step(self) -> int | None:
         """One round: validate every batch waiting, then finalize every batch whose jobs
-        all ended; how many batches changed status."""
+        all ended; how many batches changed status (None: none waited for a step)."""
         if not await self._store.pending():
-            return 0
+            return None
         changed = 0
         while (validated := await self._store.validate_next(self._checker)) is not None:
             batch_id, status = validated
@@ -80,6 +81,9 @@ class Lifecycle:
             min_gap_s=MIN_GAP_S,
             logger=log,
             name="batch lifecycle",
-            quiet=lambda changed: changed == 0,
+            # Quiet only when no batch waited: one that waited and did not change was held
+            # by another transaction (another API's round, the webhook dispatcher's lock on
+            # a batch whose job ended), and nothing will be heard when it lets go of it.
+            quiet=lambda changed: changed is None,
             activity=self._activity,
         )

@@ -28,12 +28,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from aiokafka.errors import KafkaError
-from sqlalchemy.exc import DBAPIError
-
 from plumbing.activity import QUIET_S
 from plumbing.aio import wait_first
 from plumbing.retry import count as count_retry
+from plumbing.retry import outage
 from producers.metrics import RECONCILED
 from producers.outbox import rule
 from producers.outbox.config import OutboxConfig
@@ -77,8 +75,9 @@ class Reconciler:
             while not stop.is_set():
                 try:
                     await self.once()
-                except (KafkaError, OSError, TimeoutError, DBAPIError) as exc:
-                    count_retry("reconcile", exc)
+                except Exception as exc:
+                    if count_retry("reconcile", exc, outage) is None:
+                        raise
                     log.warning("reconciler: cannot reconcile now: %r", exc)
                 await wait_first(stop, limit_s=self._relay.reconcile_interval_s)
         finally:

@@ -17,10 +17,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy.exc import DBAPIError
-
 from plumbing.aio import wait_first
 from plumbing.retry import count as count_retry
+from plumbing.retry import outage
 from plumbing.settings.retention import RetentionSettings
 from producers.metrics import PRUNED
 from producers.retention.repository import RetentionStore
@@ -42,8 +41,9 @@ class Pruner:
         while not stop.is_set():
             try:
                 await self.prune(datetime.now(UTC), stop)
-            except (DBAPIError, OSError) as exc:
-                count_retry("prune", exc)
+            except Exception as exc:
+                if count_retry("prune", exc, outage) is None:
+                    raise
                 log.warning("pruner: a pass failed, retrying next interval: %r", exc)
             await wait_first(stop, limit_s=self._settings.prune_interval_s)
 
