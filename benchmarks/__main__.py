@@ -17,7 +17,7 @@ own defaults are the longer runs of the README's figures), writes docs/bench/NAM
 NAME.png for each and docs/bench/summary.json, and ends with a table of the headline
 figures. ``--quick`` runs every scenario with ``--quick`` and writes into a temporary
 directory, never docs/bench. The scenarios marked `in_suite=False` (the soak, files,
-retention, costs, relay_rate, fleet, brokers, scale, overview, isolation, toast) run only
+retention, costs, relay_rate, fleet, brokers, scale, overview, isolation, toast, webhooks) run only
 when named (``--only soak``).
 """
 
@@ -173,6 +173,15 @@ SCENARIOS: tuple[Scenario, ...] = (
         module="benchmarks.scenarios.toast",
         argv=(),
         expected_s=45,
+        in_suite=False,
+    ),
+    # Three bursts of 40 job ends with callbacks on two simulated workers (a worker killed
+    # in the last), then an idle dispatcher's claim on 1,000,000 ended deliveries.
+    Scenario(
+        name="webhooks",
+        module="benchmarks.scenarios.webhooks",
+        argv=(),
+        expected_s=150,
         in_suite=False,
     ),
 )

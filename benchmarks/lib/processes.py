@@ -45,16 +45,20 @@ class Stack:
     settings: Settings
     directory: Path
     relay_metrics_port: int | None = None
+    workers: int = 1  # the first is "worker", the others "worker-2", ...
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def start(self) -> None:
         env = environment(self.settings)
-        for role in ROLES:
+        extra = [(f"worker-{n}", "worker") for n in range(2, self.workers + 1)]
+        for name, role in [*((r, r) for r in ROLES), *extra]:
             own = dict(env)
             if role == "relay" and self.relay_metrics_port is not None:
                 own["SLUICEGATE_METRICS_PORT"] = str(self.relay_metrics_port)
-            with open(self.directory / f"{role}.log", "wb") as log:
-                self.processes[role] = subprocess.Popen(
+            if self.workers > 1 and role == "worker":  # each a member of the group
+                own["SLUICEGATE_WORKER_GROUP_INSTANCE_ID"] = name
+            with open(self.directory / f"{name}.log", "wb") as log:
+                self.processes[name] = subprocess.Popen(
                     [sys.executable, "-m", "sluicegate", role],
                     env=own,
                     stdout=log,

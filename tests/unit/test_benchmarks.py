@@ -35,6 +35,7 @@ ONLY_WHEN_NAMED = [
     "overview",
     "isolation",
     "toast",
+    "webhooks",
 ]
 # Scenarios the runner does not run, each with its reason (run as python -m
 # benchmarks.scenarios.NAME); they have the runner's shape all the same.
