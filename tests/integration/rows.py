@@ -1,5 +1,6 @@
-"""Rows and request lines the integration tests write or send: a job row, a batch stored as
-the API stores one, an OpenAI Batch chat line."""
+"""Rows and request lines the integration tests write or send: a job row (and the job as the
+worker running it holds it), a batch stored as the API stores one, an OpenAI Batch chat
+line."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from producers.batches.input import chunked
 from producers.batches.repository import BatchRequest, BatchStore, NewBatch
 from producers.jobs.submit_repository import new_job_id
 from schemas.jobs import JobKind, NewJob, Priority
+from workers.repository import Claimed
 
 HOUR = timedelta(hours=1)
 
@@ -30,6 +32,21 @@ def job(name: str, state: str, finished: datetime | None, **extra: Any) -> dict[
         "finished_at": finished,
         **extra,
     }
+
+
+def claimed(row: dict[str, Any]) -> Claimed:
+    """A ``job`` row as the worker running it holds it (its attempt 1)."""
+    return Claimed(
+        id=str(row["id"]),
+        tenant=str(row["tenant"]),
+        kind=JobKind(row["kind"]),
+        input=str(row["input"]),
+        max_tokens=int(row["max_tokens"]),
+        deadline=row["deadline"],
+        created_at=datetime.now(UTC),
+        attempt=1,
+        callback_url=None,
+    )
 
 
 def submitted(

@@ -20,14 +20,13 @@ from plumbing.at_once import at_once_of
 from plumbing.carpool import Carpool
 from plumbing.mark_store import OutboxRow
 from plumbing.settings import Settings
-from schemas.jobs import JobKind
 from schemas.states import JobState
 from schemas.tables import jobs, outbox
 from tests.integration.pipeline import relay_only
-from tests.integration.rows import job
+from tests.integration.rows import claimed, job
 from tests.support.loops import running, within
 from workers.end_repository import EndRepository
-from workers.repository import Claimed, WorkerRepository
+from workers.repository import WorkerRepository
 from workers.service import events_topic
 
 SLACK_S = 5.0
@@ -138,21 +137,6 @@ async def test_at_once_marks_the_last_row_of_a_burst_within_its_linger(
             await asyncio.sleep(random.uniform(0.0, 0.03))
         took = await within(all_published(db, keys), 0.3 + SLACK_S, "every row marked")
     print(f"the last of 200 rows published at once marked {took:.2f} s after the burst")
-
-
-def claimed(row: dict[str, Any]) -> Claimed:
-    """A job row as the worker that runs it holds it (attempt 1)."""
-    return Claimed(
-        id=str(row["id"]),
-        tenant="t",
-        kind=JobKind.COMPLETE,
-        input=str(row["input"]),
-        max_tokens=4,
-        deadline=row["deadline"],
-        created_at=datetime.now(UTC),
-        attempt=1,
-        callback_url=None,
-    )
 
 
 async def test_end_writes_commit_the_last_of_a_burst_within_its_linger(

@@ -5,7 +5,6 @@ commits both, on the real PostgreSQL. Rows written by one transaction carry its 
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import insert, select, text
@@ -13,27 +12,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.carpool import Carpool
 from plumbing.settings import Settings
-from schemas.jobs import JobKind
 from schemas.states import JobState
 from schemas.tables import jobs, outbox
-from tests.integration.rows import job
+from tests.integration.rows import claimed, job
 from workers.end_repository import EndRepository
 from workers.gate import Candidate, Drop
 from workers.repository import Claimed, WorkerRepository
-
-
-def running(row: dict[str, object]) -> Claimed:
-    return Claimed(
-        id=str(row["id"]),
-        tenant="t",
-        kind=JobKind.COMPLETE,
-        input=str(row["input"]),
-        max_tokens=4,
-        deadline=datetime.now(UTC) + timedelta(hours=1),
-        created_at=datetime.now(UTC),
-        attempt=1,
-        callback_url=None,
-    )
 
 
 async def two_jobs(db: AsyncEngine) -> tuple[Claimed, str]:
@@ -42,7 +26,7 @@ async def two_jobs(db: AsyncEngine) -> tuple[Claimed, str]:
     waiting = job("waiting", "dispatched", None, attempt=0)
     async with db.begin() as conn:
         await conn.execute(insert(jobs), [ending, waiting])
-    return running(ending), str(waiting["id"])
+    return claimed(ending), str(waiting["id"])
 
 
 async def xmins(db: AsyncEngine, *ids: str) -> list[int]:
@@ -62,9 +46,9 @@ async def events_of(db: AsyncEngine, job_id: str) -> int:
     return int(found or 0)
 
 
-def repositories(db: AsyncEngine, settings: Settings, linger_s: float) -> tuple[
-    EndRepository, WorkerRepository
-]:
+def repositories(
+    db: AsyncEngine, settings: Settings, linger_s: float
+) -> tuple[EndRepository, WorkerRepository]:
     carpool = Carpool(linger_s)
     ends = EndRepository(db, events_topic=settings.events_topic, carpool=carpool)
     claims = WorkerRepository(db, events_topic=settings.events_topic, carpool=carpool)
