@@ -129,8 +129,8 @@ class Dispatcher:
         self._tag = tag  # the NOTIFY payload of this dispatcher's own new deliveries
         self._claim_every_s = claim_every_s
         self._wake = asyncio.Event()
-        self._claim_now = True
-        self._next_claim = 0.0  # loop time of the next claim, at most claim_every_s ahead
+        # Loop time of the next claim (0: at once), at most claim_every_s ahead.
+        self._next_claim = 0.0
         self._claiming = False  # a claim is running: what it saw of the slots may be stale
         self._held = False  # the last claim stopped for want of a free slot here
         self._full: frozenset[Endpoint] = frozenset()  # endpoints the last claim found full
@@ -141,7 +141,7 @@ class Dispatcher:
 
     def wake(self) -> None:
         """Claim at once: something may have come due."""
-        self._claim_now = True
+        self._next_claim = 0.0
         self._wake.set()
 
     def notified(self, payload: str) -> None:
@@ -171,8 +171,7 @@ class Dispatcher:
         try:
             while not stop.is_set():
                 self._wake.clear()
-                if self._claim_now or loop.time() >= self._next_claim:
-                    self._claim_now = False
+                if loop.time() >= self._next_claim:
                     # The latest the next claim comes: due_in() and wake() bring it nearer.
                     self._next_claim = loop.time() + self._claim_every_s
                     try:
