@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from producers.api.overview import BEHIND_S
 from schemas import constants, webhooks
 from tests.unit.deploy.files import (
     ALERTS_FILE,
@@ -150,6 +151,8 @@ def check_dashboard_metrics(deploy: Deploy) -> None:
 
 # The alerts deploy/prometheus/alerts.yml must have, and a series each must read.
 REQUIRED_ALERTS = {"SluicegateWebhooksBehind": webhooks.M_WEBHOOK_OLDEST_DUE}
+# The threshold of an alert that the API's overview judges by too (its ``behind``).
+SHARED_THRESHOLDS = {"SluicegateWebhooksBehind": BEHIND_S}
 
 
 def check_alert_rules(deploy: Deploy) -> None:
@@ -175,6 +178,10 @@ def check_alert_rules(deploy: Deploy) -> None:
     for name, metric in REQUIRED_ALERTS.items():
         assert name in alerts, f"no alert {name}"
         assert metric in promql_metrics(alerts[name]), f"{name} does not read {metric}"
+    for name, threshold in SHARED_THRESHOLDS.items():
+        found = re.search(r">\s*([0-9.]+)\s*$", alerts.get(name, "").strip())
+        assert found, f"{name} is no threshold"
+        assert float(found.group(1)) == threshold, f"{name} not over {threshold}"
 
 
 # The panels the dashboard must have: the series they read and the labels they break out.

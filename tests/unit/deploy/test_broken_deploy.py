@@ -185,6 +185,11 @@ BREAKAGES = [
         at(f"{RULE}/expr", "max by (endpoint) (sluicegate_webhook_oldest_due_seconds) > 60"),
     ),
     Breakage("an alert that fires on one evaluation", check_alert_rules, at(f"{RULE}/for", "0s")),
+    Breakage(
+        "an alert over another threshold than the overview's",
+        check_alert_rules,
+        at(f"{RULE}/expr", "max by (instance) (sluicegate_webhook_oldest_due_seconds) > 120"),
+    ),
     Breakage("an alert without a severity", check_alert_rules, at(f"{RULE}/labels")),
     Breakage("no alert of deliveries waiting", check_alert_rules, at("alerts/groups/0/rules", [])),
 ]
