@@ -37,7 +37,7 @@ class Tracked:
 def read_documents(
     paths: list[Path], *, max_bytes: int
 ) -> tuple[list[tuple[str, str]], list[Skipped]]:
-    """(name, text) for each file, or each *.txt/*.md file under a folder; and the files
+    """(name, text) for each file, or each document file under a folder; and the files
     that cannot be documents, with why (``client.summarize.documents``)."""
     found: list[tuple[str, str]] = []
     skipped: list[Skipped] = []

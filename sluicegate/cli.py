@@ -33,14 +33,16 @@ The local stack keeps its data, API key and logs in SLUICEGATE_DATA_DIR
 (default ~/.local/share/sluicegate)."""
 
 SUMMARIZE_HELP = """\
-Summarize a folder of .txt/.md files (or an OpenAI Batch JSONL file) as one batch on a running
+Summarize a folder of documents (or an OpenAI Batch JSONL file) as one batch on a running
 stack, writing OpenAI Batch output lines to --out (its folder made if missing) as they
-finish. Rerun the same command to resume. Only .txt and .md files are read; other files
-(README, .json, .rst, ...) are passed over and named. Each file is one document: UTF-8 (a BOM
-is fine) or UTF-16 with a BOM, up to SLUICEGATE_MAX_INPUT_BYTES (256 KiB by default), or in
---encoding when it is neither. Files that cannot be read (undecodable,
-empty, blank, binary, too large, unreadable) are skipped, named with the reason and listed
-in <out stem>.skipped.jsonl; --strict refuses the run instead.
+finish. Rerun the same command to resume. PDF, Word (.docx), HTML, Markdown (.md),
+reStructuredText (.rst) and text (.txt) files are read; other files (README, .json, ...) are
+passed over, named, and listed as unsupported_format. Each file is one document of up to
+SLUICEGATE_MAX_INPUT_BYTES of text (256 KiB by default); text files are UTF-8 (a BOM is
+fine) or UTF-16 with a BOM, or in --encoding when they are neither. Files that cannot be
+read (undecodable, empty, blank, binary, too large, encrypted or scanned PDF, corrupt,
+unreadable) are skipped, named with the reason and listed in <out stem>.skipped.jsonl;
+--strict refuses the run instead (see docs/documents.md).
 
 exit codes: 0 every document summarized; 1 some requests failed or expired (see their lines);
 2 bad input or flags; 3 done, but some files were skipped; 4 refused by the API; 5 the API
@@ -109,7 +111,7 @@ def _stack_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     api_help = "API base URL (default: the local stack's, else SLUICEGATE_API_HOST:API_PORT)"
     sm = sub.add_parser("submit", help="submit documents to a running stack, one job each")
-    sm.add_argument("files", nargs="+", type=Path, help=".txt/.md files or folders of them")
+    sm.add_argument("files", nargs="+", type=Path, help="documents, or folders of them")
     sm.add_argument("--api", default=None, help=api_help)
     sm.add_argument("--max-tokens", type=int, default=256, help="default: %(default)s")
     sm.add_argument("--ttl", type=float, default=None, help="seconds to the deadline")

@@ -9,7 +9,8 @@ Every word about an operation comes from the document (its summary, description,
 bodies and responses: the route decorators and signatures say them). The error codes come
 from where the code defines them: each ``SluicegateError`` class (its code, status and
 docstring), the body-limit exceptions, the codes the exception handlers answer with
-(``producers.api.errors.HANDLER_CODES``) and the admission refusals
+(``producers.api.errors.HANDLER_CODES``), the reasons a document cannot be read
+(``plumbing.documents.errors.REASONS``) and the admission refusals
 (``producers.admission.policy``).
 """
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plumbing.documents.errors import REASONS as DOCUMENT_REASONS
 from plumbing.settings import Settings
 from producers.admission.limits import BodyTooLarge, RequestTimeout
 from producers.admission.policy import REFUSALS, UNAVAILABLE, Refused
@@ -123,6 +125,8 @@ def error_codes() -> list[ErrorCode]:
         add(exc.code, exc.status_code, _meaning(type(exc)), _source(type(exc)))
     for code, (status, meaning) in HANDLER_CODES.items():
         add(code, status, meaning, "`producers.api.errors`")
+    for reason, said in DOCUMENT_REASONS.items():  # POST /v1/documents: why a file is unread
+        add(reason, said.status, _inline(said.text), "`plumbing.documents.errors.REASONS`")
     return sorted(found.values(), key=lambda e: (min(s or 0 for s in e.statuses), e.code))
 
 

@@ -21,10 +21,12 @@ from client.summarize.documents import (
     DOCUMENT_SUFFIXES,
     Folder,
     Skipped,
-    decode,
+    not_read,
     read_path,
-    suffixes_text,
 )
+from plumbing.documents.extract import KINDS_TEXT
+from plumbing.documents.limits import DocumentLimits
+from plumbing.documents.text import decode
 
 SUMMARIZE_URL = "/v1/summarize"
 
@@ -39,16 +41,26 @@ class Input:
 
     requests: list[dict[str, Any]]
     skipped: list[Skipped] = field(default_factory=list)
-    passed_over: list[str] = field(default_factory=list)  # files not .txt/.md, not read
+    passed_over: list[str] = field(default_factory=list)  # files of other kinds, not read
+
+    def not_summarized(self) -> list[Skipped]:
+        """Every file that is not part of the batch, by name: the skipped ones and those
+        passed over (``unsupported_format``)."""
+        return sorted([*self.skipped, *not_read(self.passed_over)], key=lambda s: s.name)
 
 
 def build_requests(
-    path: Path, *, max_tokens: int, max_bytes: int, encoding: str | None = None
+    path: Path,
+    *,
+    max_tokens: int,
+    max_bytes: int,
+    encoding: str | None = None,
+    limits: DocumentLimits | None = None,
 ) -> Input:
     """One summarize request per readable document of a folder (its custom_id is the path
-    under the folder) or of one .txt/.md file, or the lines of a JSONL file as they are."""
+    under the folder) or of one document file, or the lines of a JSONL file as they are."""
     if path.is_dir() or (path.is_file() and path.suffix.lower() in DOCUMENT_SUFFIXES):
-        folder = _read(path, max_bytes, encoding)
+        folder = _read(path, max_bytes, encoding, limits)
         requests = [
             {
                 "custom_id": doc.name,
@@ -66,12 +78,14 @@ def build_requests(
     return Input(_jsonl_requests(path, encoding))
 
 
-def _read(path: Path, max_bytes: int, encoding: str | None) -> Folder:
-    folder = read_path(path, path.name, max_bytes=max_bytes, encoding=encoding)
+def _read(
+    path: Path, max_bytes: int, encoding: str | None, limits: DocumentLimits | None
+) -> Folder:
+    folder = read_path(path, path.name, max_bytes=max_bytes, encoding=encoding, limits=limits)
     if not folder.documents and not folder.skipped:
         others = folder.passed_over
         said = f"; passed over {passed_over_text(others)}" if others else ""
-        raise InputError(f"no {suffixes_text()} files under {path} (only those are read){said}")
+        raise InputError(f"no documents under {path}: only {KINDS_TEXT} are read{said}")
     return folder
 
 

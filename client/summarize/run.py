@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from client.api import ApiError, SluicegateClient
-from client.summarize.documents import DOCUMENT_SUFFIXES, suffixes_text
+from client.summarize.documents import DOCUMENT_SUFFIXES
 from client.summarize.report import Report, counts_text, span, when
 from client.summarize.requests import (
     Input,
@@ -37,6 +37,8 @@ from client.summarize.requests import (
     write_skipped,
     written,
 )
+from plumbing.documents.extract import KINDS_TEXT
+from plumbing.documents.limits import DocumentLimits
 from schemas.batches import BatchView, InvalidCompletionWindow, window_seconds
 
 DONE = frozenset({"completed", "expired", "cancelled"})
@@ -53,6 +55,7 @@ class Options:
     encoding: str | None = None
     strict: bool = False
     new: bool = False
+    limits: DocumentLimits | None = None  # the files' (settings.documents.limits())
 
 
 def refusal_line(refusal: ApiError, wait_s: float) -> str:
@@ -69,6 +72,7 @@ def read_input(source: Path, options: Options, console: Console) -> Input:
         max_tokens=options.max_tokens,
         max_bytes=options.max_bytes,
         encoding=options.encoding,
+        limits=options.limits,
     )
     if source.is_dir() or found.skipped or source.suffix.lower() in DOCUMENT_SUFFIXES:
         files = len(found.requests) + len(found.skipped)
@@ -83,8 +87,7 @@ def read_input(source: Path, options: Options, console: Console) -> Input:
         console.print(f"  skipped {skip.name}: {skip.message}", highlight=False, markup=False)
     if found.passed_over:
         console.print(
-            f"  passed over {passed_over_text(found.passed_over)}: only {suffixes_text(' and ')} "
-            "files are read",
+            f"  passed over {passed_over_text(found.passed_over)}: only {KINDS_TEXT} are read",
             highlight=False,
             markup=False,
         )
@@ -95,7 +98,7 @@ def read_input(source: Path, options: Options, console: Console) -> Input:
         )
     if not found.requests:
         raise InputError(f"none of the files under {source} can be summarized (listed above)")
-    if (listed := write_skipped(options.out, found.skipped)) is not None:
+    if (listed := write_skipped(options.out, found.not_summarized())) is not None:
         console.print(f"  the skipped files are listed in {listed}", highlight=False)
     return found
 
@@ -210,7 +213,8 @@ async def summarize(
         )
     if found.passed_over:
         console.print(
-            f"passed over {passed_over_text(found.passed_over)} (not {suffixes_text()})",
+            f"passed over {passed_over_text(found.passed_over)} (not of a kind that is read), "
+            f"listed in {skipped_path(options.out)}",
             highlight=False,
             markup=False,
         )

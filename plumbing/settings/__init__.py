@@ -12,6 +12,7 @@ from pydantic import TypeAdapter, ValidationError, model_validator
 from plumbing.settings.admission import AdmissionSettings
 from plumbing.settings.api import ApiSettings
 from plumbing.settings.base import MissingSetting, SettingsGroup
+from plumbing.settings.documents import DocumentSettings
 from plumbing.settings.engines import LlamacppSettings, SimSettings, VllmSettings
 from plumbing.settings.kafka import KafkaSettings
 from plumbing.settings.pools import PoolSettings
@@ -44,6 +45,7 @@ class Settings(
     VllmSettings,
     LlamacppSettings,
     WebhookSettings,
+    DocumentSettings,
 ):
     """Every setting, read from ``SLUICEGATE_*`` environment variables (flat names, as
     docs/settings.md lists them). A component is given only its group (``settings.worker``,
@@ -137,6 +139,10 @@ class Settings(
     @property
     def webhooks(self) -> WebhookSettings:
         return _group(self, WebhookSettings)
+
+    @property
+    def documents(self) -> DocumentSettings:
+        return _group(self, DocumentSettings)
 
 
 @dataclass(frozen=True, kw_only=True)

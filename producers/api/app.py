@@ -13,6 +13,7 @@ from producers.api import (
     batches,
     bulk,
     completions,
+    documents,
     errors,
     fast_submit,
     files,
@@ -37,6 +38,7 @@ def create_app(
     app = FastAPI(title="Sluicegate", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.api_settings = settings.api  # made once: Settings.api makes one at each call
+    app.state.documents = documents.Extractor.of(settings)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,
@@ -44,6 +46,7 @@ def create_app(
             "/v1/batches": settings.max_batch_bytes,
             # The file, its purpose and the multipart boundaries around them.
             "/v1/files": settings.max_file_bytes + MULTIPART_OVERHEAD,
+            "/v1/documents": settings.document_max_bytes + MULTIPART_OVERHEAD,
         },
         read_timeout_s=settings.request_read_timeout_s,
         min_rate=settings.request_min_rate,
@@ -56,6 +59,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(batches.router)
     app.include_router(files.router)
+    app.include_router(documents.router)
     app.include_router(webhooks.router)
     app.include_router(completions.router)
     app.include_router(overview.router)

@@ -142,6 +142,7 @@ async def _summarize(
         encoding=args.encoding,
         strict=args.strict,
         new=args.new,
+        limits=settings.documents.limits(),
     )
 
     def waiting(refusal: ApiError, wait_s: float) -> None:

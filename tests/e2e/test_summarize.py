@@ -128,7 +128,7 @@ def test_a_new_run_into_a_missing_folder_is_resumed_by_the_same_command(
     first.send_signal(signal.SIGKILL)
     output, _ = first.communicate()
     assert 0 < lines_in(out) < len(names), output
-    assert "passed over 2 other files (README, data.json): only .txt and .md files" in output
+    assert "passed over 2 other files (README, data.json): only PDF, Word (.docx)" in output
     with httpx.Client(base_url=stack.api_url, headers=stack.headers) as client:
         [batch] = client.get("/v1/batches").json()["data"]
     counts = batch["request_counts"]
@@ -144,7 +144,12 @@ def test_a_new_run_into_a_missing_folder_is_resumed_by_the_same_command(
     assert said, output
     # Every result the batch had, whatever its place in the input order.
     assert int(said.group(1)) >= done_before
-    assert "passed over 2 other files (README, data.json) (not .txt or .md)" in output
+    assert "passed over 2 other files (README, data.json) (not of a kind that is read)" in output
+    listed = out.with_name("results.skipped.jsonl").read_text().splitlines()
+    assert {json.loads(x)["custom_id"]: json.loads(x)["error"]["code"] for x in listed} == {
+        "README": "unsupported_format",
+        "data.json": "unsupported_format",
+    }
     results = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["custom_id"] for r in results] == names
     with httpx.Client(base_url=stack.api_url, headers=stack.headers) as client:

@@ -45,7 +45,7 @@ def test_a_jsonl_file_is_taken_as_is_and_bad_lines_are_named(tmp_path: Path) -> 
         build_requests(bad, max_tokens=1, max_bytes=MAX)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(InputError, match=r"no \.txt or \.md"):
+    with pytest.raises(InputError, match=r"no documents under .*: only PDF, Word"):
         build_requests(empty, max_tokens=1, max_bytes=MAX)
 
 
@@ -160,12 +160,12 @@ def test_the_files_passed_over_are_named(tmp_path: Path) -> None:
     (tmp_path / "README").write_text("read me")
     (tmp_path / "data.json").write_text("{}")
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "notes.rst").write_text("notes")
+    (tmp_path / "docs" / "notes.odt").write_bytes(b"PK\x03\x04")  # OpenDocument: not read
     found = build_requests(tmp_path, max_tokens=8, max_bytes=MAX)
     assert [r["custom_id"] for r in found.requests] == ["a.txt"]
-    assert found.passed_over == ["README", "data.json", "docs/notes.rst"]
+    assert found.passed_over == ["README", "data.json", "docs/notes.odt"]
     assert (
-        passed_over_text(found.passed_over) == "3 other files (README, data.json, docs/notes.rst)"
+        passed_over_text(found.passed_over) == "3 other files (README, data.json, docs/notes.odt)"
     )
     assert passed_over_text([f"f{i}" for i in range(5)]) == "5 other files (f0, f1, f2, ...)"
 
@@ -173,8 +173,9 @@ def test_the_files_passed_over_are_named(tmp_path: Path) -> None:
     with pytest.raises(InputError) as refused:
         build_requests(tmp_path, max_tokens=8, max_bytes=MAX)
     assert str(refused.value) == (
-        f"no .txt or .md files under {tmp_path} (only those are read); passed over 3 other "
-        "files (README, data.json, docs/notes.rst)"
+        f"no documents under {tmp_path}: only PDF, Word (.docx), HTML, Markdown, "
+        "reStructuredText and text files are read; passed over 3 other files (README, "
+        "data.json, docs/notes.odt)"
     )
 
 
