@@ -9,19 +9,25 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictFloat, S
 
 from schemas.constants import DEFAULT_MODEL
 from schemas.jobs import Job, JobKind, Priority
-from schemas.sampling import SamplingFields
+from schemas.sampling import SamplingFields, SummaryOptions, summary_params
 from schemas.states import JobState
 
 
 class SubmitJob(SamplingFields):
     """POST /v1/jobs. Give an absolute ``deadline`` or a relative ``ttl_s``, not both.
-    ``model``, ``temperature``, ``top_p``, ``stop`` and ``seed`` are OpenAI's."""
+    ``model``, ``temperature``, ``top_p``, ``stop`` and ``seed`` are OpenAI's; ``summary``
+    (summarize jobs only) says what summary to write."""
 
     model_config = ConfigDict(extra="forbid")
 
     kind: JobKind
     input: Annotated[StrictStr, Field(min_length=1, description="The document or the prompt")]
     max_tokens: Annotated[StrictInt, Field(ge=1, description="Most output tokens")] = 256
+    summary: SummaryOptions | None = Field(
+        default=None,
+        description="The summary asked for (kind summarize only): style, or instructions, "
+        "language, words",
+    )
     deadline: AwareDatetime | None = Field(
         default=None, description="When the job must have ended (RFC 3339, with an offset)"
     )
@@ -48,6 +54,9 @@ class SubmitJob(SamplingFields):
         ]
         | None
     ) = None
+
+    def stored_params(self) -> dict[str, Any] | None:
+        return summary_params(super().stored_params(), self.summary)
 
 
 class ErrorBody(BaseModel):

@@ -6,9 +6,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from schemas.states import JobState
+
+FinishReason = Literal["stop", "length"]
+"""Why the engine ended a job's output, as it reported it (a result's ``finish_reason``):
+``stop`` the model ended it (its end of text, or a ``stop`` string), ``length`` it reached
+``max_tokens`` (or the model's context)."""
+FINISH_REASONS: tuple[FinishReason, ...] = ("stop", "length")
+
+
+def finish_reason_of(value: object) -> FinishReason | None:
+    """``value`` when it is a FinishReason (an engine's answer, a stored result's field);
+    None otherwise."""
+    return next((reason for reason in FINISH_REASONS if value == reason), None)
 
 
 class JobKind(StrEnum):

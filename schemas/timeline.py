@@ -8,15 +8,16 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from schemas.constants import DEFAULT_MODEL
-from schemas.jobs import Job, JobKind, Priority
+from schemas.jobs import FinishReason, Job, JobKind, Priority, finish_reason_of
 from schemas.states import JobState
 from schemas.webhooks import DeliveryDetail
 
 
 class JobTimeline(BaseModel):
     """When the job was accepted, dispatched, started and ended, how it ended, what it
-    decoded, and its webhook deliveries with every attempt. A time is null until the job
-    reaches that step (a job dropped before it started has no ``started_at``)."""
+    decoded (a succeeded job's text, and why its output ended), and its webhook deliveries
+    with every attempt. A time is null until the job reaches that step (a job dropped before
+    it started has no ``started_at``)."""
 
     id: str
     tenant: str
@@ -46,6 +47,12 @@ class JobTimeline(BaseModel):
         description="Output tokens decoded by the attempt that ended it (wasted unless it "
         "succeeded)"
     )
+    finish_reason: FinishReason | None = Field(
+        default=None,
+        description="Why the engine ended a succeeded job's output: stop, or length (cut at "
+        "max_tokens)",
+    )
+    text: str | None = Field(default=None, description="A succeeded job's output (result.text)")
     deliveries: list[DeliveryDetail] = Field(
         description="The job's webhook deliveries, with every attempt"
     )
@@ -77,5 +84,7 @@ class JobTimeline(BaseModel):
             served_model=served if isinstance(served, str) else None,
             prompt_tokens=prompt if isinstance(prompt, int) else None,
             completion_tokens=job.decoded_tokens,
+            finish_reason=finish_reason_of(result.get("finish_reason")),
+            text=text if isinstance(text := result.get("text"), str) else None,
             deliveries=deliveries,
         )

@@ -15,6 +15,8 @@ from sluicegate.commands import ops_args
 
 ENGINES = ("sim", "llamacpp", "vllm_http", "vllm_local")
 BROKERS = ("auto", "kafka", "tansu")
+# schemas.sampling.SummaryStyle, spelled out so that `sluicegate --help` imports no schemas.
+SUMMARY_STYLES = ("concise", "bullets", "key_facts", "headline")
 BROKER_HELP = (
     "the broker to start (default: SLUICEGATE_BROKER, else auto): kafka is Apache Kafka from "
     "`sluicegate kafka pull` on Java 17+, its log kept in the data directory; tansu is the "
@@ -150,7 +152,38 @@ def _client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="submit a new batch even if the same input was submitted before (the same "
         "command again resumes it while it runs)",
     )
+    _summary_flags(su)
     su.add_argument("--api", default=None, help=api_help)
+
+
+def _summary_flags(su: argparse.ArgumentParser) -> None:
+    """What each document's summary should be (schemas.sampling, the body's ``summary``)."""
+    su.add_argument(
+        "--style",
+        choices=SUMMARY_STYLES,
+        default=None,
+        help="concise (plain prose, the default), bullets (bullet points), key_facts (the key "
+        "facts with their numbers) or headline (one headline)",
+    )
+    su.add_argument(
+        "--instructions",
+        default=None,
+        metavar="TEXT",
+        help="your own instruction for the model, instead of --style's",
+    )
+    su.add_argument(
+        "--language",
+        default=None,
+        metavar="LANG",
+        help='the summaries\' language: a name ("French") or a BCP-47 tag (fr-CA)',
+    )
+    su.add_argument(
+        "--words",
+        type=int,
+        default=None,
+        metavar="N",
+        help="about how many words a summary should have (within --max-tokens)",
+    )
 
 
 def _service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

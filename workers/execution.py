@@ -15,10 +15,12 @@ from typing import Any, Protocol, TypeVar
 from plumbing.logs import Tally
 from plumbing.retry import Stopped, retrying
 from schemas import reasons
+from schemas.jobs import FinishReason
 from schemas.states import JobState
 from workers.control import Control, Running
 from workers.end_repository import EndRepository
 from workers.engines.base import GenerationRequest, InferenceEngine
+from workers.engines.errors import EngineAborted
 from workers.gate import Drop, PreDecodeGate
 from workers.metrics import (
     ABORTED,
@@ -54,6 +56,7 @@ class Decoded:
     first_s: float = 0.0  # to the first output token
     total_s: float = 0.0  # to the end of the stream
     failure: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None  # as the engine reported it
 
 
 class Executor:
@@ -192,6 +195,14 @@ class Executor:
             with contextlib.suppress(Exception):
                 await _close(stream)
         out.total_s = time.monotonic() - started
+        out.finish_reason = stream.finish_reason
+        if out.finish_reason is None and out.failure is None and running.reason is None:
+            # The engine ended the output without saying why: it was aborted there (a
+            # close, an abort from elsewhere), not finished; its text is not a whole one.
+            out.failure = {
+                "code": EngineAborted.code,
+                "message": "the engine ended the output before it finished (no finish_reason)",
+            }
         return out
 
     async def _succeeded(self, job: Claimed, decoded: Decoded, progress: Progress) -> bool:
@@ -221,6 +232,7 @@ class Executor:
             "simulated": self._engine.name == "sim",
             "prompt_tokens": job.prompt_tokens,
             "output_tokens": len(pieces),
+            "finish_reason": decoded.finish_reason,  # stop or length, as the engine said
         }
         if job.sampling is not None and job.sampling.model is not None:
             result["model"] = job.sampling.model  # the name asked for

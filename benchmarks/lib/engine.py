@@ -13,13 +13,13 @@ import contextlib
 import statistics
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from benchmarks.lib.trace import Arrival, Mix, backlog
 from schemas.jobs import JobKind
 from workers.engines.base import Capacity as EngineCapacity
-from workers.engines.base import GenerationRequest
+from workers.engines.base import Finished, Generation, GenerationRequest
 from workers.engines.sim.engine import SimEngine
 
 QUEUE_DEPTH = 64  # requests kept waiting in the engine while its capacity is measured
@@ -56,12 +56,17 @@ class Counting:
     def capacity(self) -> EngineCapacity:
         return self.engine.capacity()
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    def generate(self, request: GenerationRequest) -> Generation:
+        return Generation(self._counted(request))
+
+    async def _counted(self, request: GenerationRequest) -> AsyncGenerator[str | Finished, None]:
         job_id = request.request_id.split(":")[0]
         self.received.add(job_id)
-        async for piece in self.engine.generate(request):
-            self.tokens[job_id] += 1
-            yield piece
+        async with contextlib.aclosing(self.engine.generate(request).items()) as items:
+            async for item in items:
+                if isinstance(item, str):
+                    self.tokens[job_id] += 1
+                yield item
         self.finished += 1
 
     async def abort(self, request_id: str) -> None:

@@ -1,14 +1,17 @@
 """What `sluicegate summarize` tells its user: a line at once, the ended jobs with an ETA from
 the measured rate, a plain line every few seconds when the output is not a terminal, what a
-refusal waits for, and an honest last line."""
+refusal waits for, and an honest last line (the summaries cut at ``--max-tokens`` named)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -23,6 +26,7 @@ from rich.progress import (
 from schemas.batches import BatchView
 
 STATE_ORDER = ("succeeded", "running", "dispatched", "queued", "failed", "expired")
+NAMES_SHOWN = 10  # the documents a closing line names, at most
 RATE_WINDOW_S = 30.0
 ETA_AFTER_S = 3.0  # an ETA needs a few seconds of measured rate
 PLAIN_EVERY_S = 5.0
@@ -33,6 +37,41 @@ def counts_text(counts: Mapping[str, int]) -> str:
     known = [s for s in STATE_ORDER if counts.get(s)]
     rest = sorted(s for s in counts if s not in STATE_ORDER and counts[s])
     return " · ".join(f"{state} {counts[state]:,}" for state in [*known, *rest]) or "submitted"
+
+
+def finish_reason(line: Mapping[str, Any]) -> str | None:
+    """Why a result line's output ended, as its engine reported it: ``stop``, ``length``
+    (cut at ``max_tokens``); None for a line without a response (it failed)."""
+    body = (line.get("response") or {}).get("body") or {}
+    if "finish_reason" in body:  # /v1/summarize and /v1/jobs lines
+        return str(body["finish_reason"])
+    choices = body.get("choices") or [{}]  # /v1/chat/completions and /v1/completions
+    reason = choices[0].get("finish_reason")
+    return str(reason) if reason is not None else None
+
+
+def cut_at_length(out: Path) -> list[str]:
+    """The custom_ids of the results file's lines whose output was cut at ``max_tokens``
+    (every line written, by this run or an earlier one)."""
+    cut = []
+    with out.open(encoding="utf-8") as lines:
+        for text in lines:
+            if text.strip() and finish_reason(line := json.loads(text)) == "length":
+                cut.append(str(line["custom_id"]))
+    return cut
+
+
+def cut_text(names: list[str], max_tokens: int | None) -> str:
+    """``3 summaries were cut at --max-tokens (128): a.txt, b.pdf, c.md; raise --max-tokens``;
+    ``max_tokens`` None: a JSONL file's lines, each with its own."""
+    shown = ", ".join(names[:NAMES_SHOWN])
+    if len(names) > NAMES_SHOWN:
+        shown += f" and {len(names) - NAMES_SHOWN:,} more"
+    many = len(names) != 1
+    what = f"{len(names):,} {'summaries were' if many else 'summary was'}"
+    if max_tokens is None:
+        return f"{what} cut at their max_tokens: {shown}; raise it in their lines"
+    return f"{what} cut at --max-tokens ({max_tokens:,}): {shown}; raise --max-tokens"
 
 
 def ended(batch: BatchView) -> int:

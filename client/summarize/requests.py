@@ -27,6 +27,7 @@ from client.summarize.documents import (
 from plumbing.documents.extract import KINDS_TEXT
 from plumbing.documents.limits import DocumentLimits
 from plumbing.documents.text import decode
+from schemas.sampling import SummaryOptions
 
 SUMMARIZE_URL = "/v1/summarize"
 
@@ -56,17 +57,23 @@ def build_requests(
     max_bytes: int,
     encoding: str | None = None,
     limits: DocumentLimits | None = None,
+    summary: SummaryOptions | None = None,
 ) -> Input:
     """One summarize request per readable document of a folder (its custom_id is the path
-    under the folder) or of one document file, or the lines of a JSONL file as they are."""
-    if path.is_dir() or (path.is_file() and path.suffix.lower() in DOCUMENT_SUFFIXES):
+    under the folder) or of one document file, each asking for ``summary`` when given, or the
+    lines of a JSONL file as they are."""
+    asked = summary.stored() if summary is not None else None
+    if of_documents(path):
         folder = _read(path, max_bytes, encoding, limits)
+        body: dict[str, Any] = {"max_tokens": max_tokens}
+        if asked is not None:
+            body["summary"] = asked
         requests = [
             {
                 "custom_id": doc.name,
                 "method": "POST",
                 "url": SUMMARIZE_URL,
-                "body": {"input": doc.text, "max_tokens": max_tokens},
+                "body": {"input": doc.text, **body},
             }
             for doc in folder.documents
         ]
@@ -75,7 +82,18 @@ def build_requests(
         raise InputError(f"{path} does not exist")
     if not path.is_file():
         raise InputError(f"{path} is neither a directory nor a file")
+    if asked is not None:
+        raise InputError(
+            f"--style, --instructions, --language and --words are for documents; {path}'s "
+            "lines ask for their own summary (body.summary)"
+        )
     return Input(_jsonl_requests(path, encoding))
+
+
+def of_documents(path: Path) -> bool:
+    """Whether ``path`` is documents to summarize (a folder, or one document file), not a
+    JSONL file of request lines."""
+    return path.is_dir() or (path.is_file() and path.suffix.lower() in DOCUMENT_SUFFIXES)
 
 
 def _read(

@@ -25,13 +25,14 @@ from rich.console import Console
 
 from client.api import ApiError, SluicegateClient
 from client.summarize.documents import DOCUMENT_SUFFIXES
-from client.summarize.report import Report, counts_text, span, when
+from client.summarize.report import Report, counts_text, cut_at_length, cut_text, span, when
 from client.summarize.requests import (
     Input,
     InputError,
     Resume,
     build_requests,
     digest,
+    of_documents,
     passed_over_text,
     skipped_path,
     write_skipped,
@@ -40,6 +41,7 @@ from client.summarize.requests import (
 from plumbing.documents.extract import KINDS_TEXT
 from plumbing.documents.limits import DocumentLimits
 from schemas.batches import BatchView, InvalidCompletionWindow, window_seconds
+from schemas.sampling import SummaryOptions
 
 DONE = frozenset({"completed", "expired", "cancelled"})
 ENDED = DONE | {"failed"}  # a batch that takes no more work
@@ -56,6 +58,7 @@ class Options:
     strict: bool = False
     new: bool = False
     limits: DocumentLimits | None = None  # the files' (settings.documents.limits())
+    summary: SummaryOptions | None = None  # each document's (--style, --words, ...)
 
 
 def refusal_line(refusal: ApiError, wait_s: float) -> str:
@@ -73,6 +76,7 @@ def read_input(source: Path, options: Options, console: Console) -> Input:
         max_bytes=options.max_bytes,
         encoding=options.encoding,
         limits=options.limits,
+        summary=options.summary,
     )
     if source.is_dir() or found.skipped or source.suffix.lower() in DOCUMENT_SUFFIXES:
         files = len(found.requests) + len(found.skipped)
@@ -163,7 +167,8 @@ async def _resumed(
         if new:
             return None
         raise InputError(
-            f"{out} holds the results of another input or --deadline; choose another --out "
+            f"{out} holds the results of another input, --deadline or summary asked for "
+            "(--style, --instructions, --language, --words); choose another --out "
             f"or remove {out} and {Resume.path(out)}"
         )
     batch = await client.get_batch(resume.batch_id)
@@ -218,6 +223,10 @@ async def summarize(
             highlight=False,
             markup=False,
         )
+    if cut := cut_at_length(options.out):
+        # Honest about length: a summary the engine cut at max_tokens is not a whole one.
+        per_document = options.max_tokens if of_documents(source) else None
+        console.print(cut_text(cut, per_document), highlight=False, markup=False)
     if counts.completed < counts.total:
         return NOT_ALL_SUCCEEDED
     return PARTIAL if found.skipped else OK

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timedelta
+from typing import Any
 
 from plumbing.settings.api import ApiSettings
 from schemas.api import SubmitJob
 from schemas.errors import InvalidRequest, PayloadTooLarge
 from schemas.jobs import NewJob, utf8_length
-from schemas.sampling import SamplingFields, check_model
+from schemas.sampling import SamplingFields, SummaryOptions, check_model, check_summary
 from schemas.webhooks import check_callback_url
 
 
@@ -40,9 +41,17 @@ class MaxTokensTooLarge(InvalidRequest):
 def request_hash(body: SubmitJob) -> str:
     """What an idempotent replay must match: the request without its key."""
     # Parameters not given are left out, so a request's hash is the one it had before
-    # they existed.
+    # they existed; so are the summary's fields not given (and ``summary`` when none is).
     unset = {name for name in SamplingFields.model_fields if getattr(body, name) is None}
-    canonical = body.model_dump_json(exclude={"idempotency_key", *unset})
+    exclude: dict[str, Any] = dict.fromkeys({"idempotency_key", *unset}, True)
+    summary = body.summary.stored() if body.summary is not None else None
+    if summary is None:
+        exclude["summary"] = True
+    else:
+        exclude["summary"] = {
+            name: True for name in SummaryOptions.model_fields if name not in summary
+        }
+    canonical = body.model_dump_json(exclude=exclude)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -63,6 +72,7 @@ def new_job(
     if body.max_tokens > api.max_tokens_limit:
         raise MaxTokensTooLarge(f"max_tokens is over the limit of {api.max_tokens_limit}")
     check_model(body.model, api.models)
+    check_summary(body.kind, body.summary)
     if body.callback_url is not None:
         check_callback_url(body.callback_url)
     if body.abandon_after_s is not None and body.abandon_after_s > api.max_ttl_s:

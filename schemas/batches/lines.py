@@ -1,6 +1,7 @@
 """The request lines of OpenAI Batch input and what each asks for: its job's kind, input,
-``max_tokens`` and sampling parameters (``model``, ``temperature``, ``top_p``, ``stop``,
-``seed``, applied by the worker's engine)."""
+``max_tokens``, sampling parameters (``model``, ``temperature``, ``top_p``, ``stop``,
+``seed``, applied by the worker's engine) and, for a summary, ``summary``
+(``schemas.sampling``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from schemas.jobs import JobKind
-from schemas.sampling import SamplingFields
+from schemas.sampling import SamplingFields, SummaryOptions, check_summary, summary_params
 
 # The urls a request line may name, and the job kind each becomes.
 ENDPOINTS: Mapping[str, JobKind] = {
@@ -41,6 +42,10 @@ class JobBody(SamplingFields):
     kind: JobKind = JobKind.SUMMARIZE
     input: StrictStr
     max_tokens: Annotated[int, Field(ge=1, strict=True)] = 256
+    summary: SummaryOptions | None = None
+
+    def stored_params(self) -> dict[str, Any] | None:
+        return summary_params(super().stored_params(), self.summary)
 
 
 class CompletionBody(SamplingFields):
@@ -87,13 +92,15 @@ class LineRequest:
 
 def line_request(line: RequestLine) -> LineRequest:
     """The job a request line asks for (pydantic's ValidationError or ValueError when its
-    body does not fit its url, or a parameter is out of range)."""
+    body does not fit its url, or a parameter is out of range; SummaryNotApplicable for a
+    ``summary`` on a line that is not a summary)."""
     if line.url not in ENDPOINTS:
         raise ValueError(f"url {line.url!r} is not one of {', '.join(ENDPOINTS)}")
     body: SamplingFields
     if line.url in ("/v1/jobs", "/v1/summarize"):
         forced = {"kind": JobKind.SUMMARIZE.value} if line.url == "/v1/summarize" else {}
         body = job = JobBody.model_validate({**line.body, **forced})
+        check_summary(job.kind, job.summary)
         kind, text, max_tokens = job.kind, job.input, job.max_tokens
     elif line.url == "/v1/completions":
         body = completion = CompletionBody.model_validate(line.body)

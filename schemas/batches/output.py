@@ -1,14 +1,15 @@
 """OpenAI Batch output: one line per request (``response`` with the body its endpoint
-answers in, ``usage`` from the engine's counts, or ``error``, an expired line's code being
-OpenAI's ``batch_expired``), and the ids of a batch's output and error files. The same
-bodies answer the synchronous ``POST /v1/chat/completions`` and ``/v1/completions``."""
+answers in, ``usage`` from the engine's counts and ``finish_reason`` as the engine reported
+it, or ``error``, an expired line's code being OpenAI's ``batch_expired``), and the ids of a
+batch's output and error files. The same bodies answer the synchronous
+``POST /v1/chat/completions`` and ``/v1/completions``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from schemas.jobs import Job
+from schemas.jobs import FinishReason, Job, finish_reason_of
 from schemas.states import JobState
 
 # OpenAI's code of a line that did not run before its batch expired (its job ``expired``,
@@ -44,14 +45,23 @@ def _usage(result: Mapping[str, Any]) -> dict[str, int]:
     }
 
 
+def finish_reason(job: Job, result: Mapping[str, Any]) -> FinishReason:
+    """Why the job's output ended, as its engine reported it (the result's
+    ``finish_reason``); for a result written before results carried it, what its token
+    count says (all of ``max_tokens`` decoded: ``length``)."""
+    reported = finish_reason_of(result.get("finish_reason"))
+    if reported is not None:
+        return reported
+    return "length" if int(result.get("output_tokens", 0)) >= job.max_tokens else "stop"
+
+
 def response_body(endpoint: str, job: Job) -> dict[str, Any]:
     """A succeeded job's result in the shape its endpoint answers in (a batch's output
     line, or the synchronous /v1/chat/completions and /v1/completions)."""
     result = job.result or {}
     text = str(result.get("text", ""))
     usage = _usage(result)
-    output_tokens = usage["completion_tokens"]
-    finish = "length" if output_tokens >= job.max_tokens else "stop"
+    finish = finish_reason(job, result)
     created = int((job.finished_at or job.created_at).timestamp())
     # The model that made it (as its engine names it), else as asked, else the engine.
     model = str(result.get("served_model") or result.get("model") or result.get("engine", ""))

@@ -11,12 +11,14 @@ import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 
 from client.api import ApiError, RetryPolicy, SluicegateClient, Unreachable
 from client.summarize.requests import InputError
 from plumbing.settings import Settings
 from schemas.errors import SluicegateError
+from schemas.sampling import SummaryOptions
 from sluicegate.local import info as stack_info
 from sluicegate.local import key as local_key
 from sluicegate.process import run_until_signal
@@ -129,6 +131,26 @@ def _detail(detail: object) -> str:
     return str(detail)
 
 
+def summary_of(args: argparse.Namespace) -> SummaryOptions | None:
+    """The summary ``--style``, ``--instructions``, ``--language`` and ``--words`` ask for
+    (None: none of them given); InputError naming the flag when one is out of bounds."""
+    given = {
+        "style": args.style,
+        "instructions": args.instructions,
+        "language": args.language,
+        "words": args.words,
+    }
+    if all(value is None for value in given.values()):
+        return None
+    try:
+        return SummaryOptions.model_validate(given)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        flags = [f"--{field}" for field in error["loc"]] or ["--style", "--instructions"]
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise InputError(f"{' and '.join(flags)}: {message}") from None
+
+
 async def _summarize(
     settings: Settings, api_url: str, key: str | None, args: argparse.Namespace, console: Console
 ) -> int:
@@ -143,6 +165,7 @@ async def _summarize(
         strict=args.strict,
         new=args.new,
         limits=settings.documents.limits(),
+        summary=summary_of(args),
     )
 
     def waiting(refusal: ApiError, wait_s: float) -> None:

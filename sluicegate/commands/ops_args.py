@@ -49,7 +49,11 @@ def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     jobs = sub.add_parser("jobs", help="list jobs by state, model, tenant or batch; jobs show ID")
     jobs.add_argument("--api", default=None, help=API_HELP)
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=False, metavar="show ID")
-    show = jobs_sub.add_parser("show", help="one job's timeline, with its webhook deliveries")
+    show = jobs_sub.add_parser(
+        "show",
+        help="one job: its state and times, tokens, why its output ended (finish_reason), "
+        "its error or its text, and its webhook deliveries",
+    )
     show.add_argument("job_id")
     show.add_argument("--api", default=argparse.SUPPRESS, help=API_HELP)
     jobs.add_argument("--state", action="append", choices=JOB_STATES, help="repeatable")

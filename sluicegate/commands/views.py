@@ -4,6 +4,7 @@ answers (pure: no I/O, so they are tested on their own)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -11,6 +12,7 @@ from rich.text import Text
 
 from schemas.api import JobView
 from schemas.batches import BatchView
+from schemas.jobs import JobKind
 from schemas.overview import Overview, PoolAdmissionView
 from schemas.states import JobState
 from schemas.timeline import JobTimeline
@@ -19,6 +21,10 @@ from schemas.webhooks import DeliveryDetail
 STATES = [s.value for s in JobState]
 ADMISSION_STYLE = {"open": "green", "throttling": "yellow", "refusing": "red", "unknown": "red"}
 NONE = "-"
+FINISHED = {
+    "stop": "stop (the output ended)",
+    "length": "length (cut at max_tokens: raise it for a whole output)",
+}
 
 
 def overview(view: Overview, api_url: str, problem: str | None = None) -> RenderableType:
@@ -161,13 +167,27 @@ def timeline(t: JobTimeline) -> RenderableType:
         ("served by", t.served_model or NONE),
         ("tokens", f"{_opt(t.prompt_tokens)} in, {_opt(t.completion_tokens)} out"),
     ]
+    if t.finish_reason is not None:
+        rows.append(("finish", FINISHED.get(t.finish_reason, t.finish_reason)))
+    if t.error:
+        rows.append(("error", error_text(t.error)))
     if t.batch_id:
         rows.insert(3, ("batch", f"{t.batch_id} ({t.custom_id})"))
     for name, value in rows:
-        steps.add_row(name, value)
+        steps.add_row(name, Text(value))  # as given: a message is never read as markup
     parts: list[RenderableType] = [steps]
     parts += [delivery(d) for d in t.deliveries] or [Text("webhooks   none")]
+    if t.text is not None:
+        parts += [Text(""), Text("summary:" if t.kind is JobKind.SUMMARIZE else "output:")]
+        parts.append(Text(t.text))
     return Group(*parts)
+
+
+def error_text(error: dict[str, Any]) -> str:
+    """``engine_unavailable: the server answered 503``: an ended job's error, code first."""
+    code = error.get("code") or error.get("reason") or "error"
+    message = error.get("message")
+    return f"{code}: {message}" if message else str(code)
 
 
 def delivery(d: DeliveryDetail) -> RenderableType:

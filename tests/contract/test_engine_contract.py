@@ -175,6 +175,31 @@ async def test_max_tokens_is_respected(make_engine: MakeEngine) -> None:
     assert len(pieces) == 7
 
 
+async def test_the_output_ends_with_the_engines_finish_reason(make_engine: MakeEngine) -> None:
+    engine = await make_engine()
+    cut = engine.generate(summary("cut", max_tokens=7))
+    assert len([piece async for piece in cut]) == 7
+    assert cut.finish_reason == "length"
+    whole = engine.generate(summary("whole"))
+    assert 0 < len([piece async for piece in whole]) < 200
+    assert whole.finish_reason == "stop"  # the summary ended before max_tokens
+
+
+async def test_a_summarys_own_instruction_reaches_the_engine(make_engine: MakeEngine) -> None:
+    engine = await make_engine()
+    own = GenerationRequest(
+        request_id="own",
+        kind=JobKind.SUMMARIZE,
+        input=DOC,
+        max_tokens=200,
+        sampling=SamplingParams(instruction="List the key facts, one a line.\nKeep numbers."),
+    )
+    pieces = await collect(engine, own)
+    # The simulator extracts from the document alone, whatever it is asked (behind a vLLM
+    # server too: it finds the document in the prompt).
+    assert streamed(pieces) == output_of(engine, summary("plain"))
+
+
 async def test_capacity_reports_the_cache_and_every_block_comes_back(
     make_engine: MakeEngine,
 ) -> None:

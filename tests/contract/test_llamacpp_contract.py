@@ -146,6 +146,19 @@ async def test_stop_and_seed_reach_the_server(engine: LlamaCppEngine) -> None:
         await collect(engine, asked("seedless", seed=-1))
 
 
+async def test_the_stream_ends_with_the_servers_finish_reason(engine: LlamaCppEngine) -> None:
+    cut = engine.generate(summary("four", max_tokens=4))
+    assert len([piece async for piece in cut]) == 4
+    assert cut.finish_reason == "length"
+    # A stop string ends the output before max_tokens: llama.cpp says "stop", as vLLM does.
+    at_space = replace(
+        summary("space", max_tokens=60), sampling=SamplingParams(temperature=0.0, stop=(" ",))
+    )
+    stopped = engine.generate(at_space)
+    assert " " not in "".join([piece async for piece in stopped]).strip()
+    assert stopped.finish_reason == "stop"
+
+
 async def test_capacity_is_slots_and_shows_a_busy_one(
     engine: LlamaCppEngine, server_url: str
 ) -> None:

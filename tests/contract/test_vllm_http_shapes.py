@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from schemas.jobs import JobKind
-from workers.engines.base import GenerationRequest
+from workers.engines.base import Generation, GenerationRequest, SamplingParams
 from workers.engines.errors import EngineAborted, EngineError, RequestTooLarge
 from workers.engines.prompts import build_prompt
 from workers.engines.sim.server import running
@@ -145,6 +145,49 @@ async def test_a_summary_is_sent_with_its_instruction(
     fake.chunks = [chunk(" Reopened.", [11], "stop")]
     await collect(engine, summary())
     assert fake.bodies[0]["prompt"] == build_prompt(JobKind.SUMMARIZE, DOC)
+
+
+async def test_a_summary_is_sent_with_its_own_instruction(
+    engine: VllmHttpEngine, fake: FakeVllm
+) -> None:
+    fake.chunks = [chunk(" Reopened.", [11], "stop")]
+    own = "List the key facts of the following document."
+    asked = GenerationRequest(
+        request_id="r2",
+        kind=JobKind.SUMMARIZE,
+        input=DOC,
+        max_tokens=50,
+        sampling=SamplingParams(instruction=own),
+    )
+    await collect(engine, asked)
+    assert fake.bodies[0]["prompt"] == build_prompt(JobKind.SUMMARIZE, DOC, own)
+    assert fake.bodies[0]["prompt"].startswith(own)
+
+
+@pytest.mark.parametrize("reason", ["stop", "length"])
+async def test_the_stream_ends_with_the_servers_finish_reason(
+    engine: VllmHttpEngine, fake: FakeVllm, reason: str
+) -> None:
+    # The reason comes on the last choice, then the usage chunk, then [DONE].
+    fake.chunks = [chunk(" The lock", [1, 2]), chunk(" reopened", [3], reason)]
+    fake.usage = 3
+    stream = engine.generate(summary())
+    assert [piece async for piece in stream] == [" The lock", "", " reopened"]
+    assert stream.finish_reason == reason
+
+
+async def test_a_stream_cut_before_its_finish_reason_is_not_a_success(
+    engine: VllmHttpEngine, fake: FakeVllm
+) -> None:
+    fake.chunks = [chunk(" The", [1])]  # no finish_reason: the server went away
+    stream = engine.generate(summary())
+    with pytest.raises(EngineError):
+        await collect_from(stream)
+    assert stream.finish_reason is None
+
+
+async def collect_from(stream: Generation) -> list[str]:
+    return [piece async for piece in stream]
 
 
 async def test_a_server_side_abort_is_not_a_success(engine: VllmHttpEngine, fake: FakeVllm) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
@@ -30,7 +30,7 @@ from tests.integration.drops import (
 from tests.integration.pipeline import Pipeline, open_pipeline
 from tests.integration.serving import post_then_hang_up, serving
 from workers.consumer import Worker
-from workers.engines.base import GenerationRequest
+from workers.engines.base import Finished, Generation, GenerationRequest
 from workers.engines.sim.engine import SimEngine
 from workers.gate import Candidate, Drop
 from workers.repository import WorkerRepository
@@ -233,11 +233,14 @@ class Stalling(SpyEngine):
 
     stall_s = 0.0
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
-        pieces = [piece async for piece in super().generate(request)]
+    def generate(self, request: GenerationRequest) -> Generation:
+        return Generation(self._stalled(request))
+
+    async def _stalled(self, request: GenerationRequest) -> AsyncGenerator[str | Finished, None]:
+        items = [item async for item in super().generate(request).items()]
         time.sleep(self.stall_s)  # noqa: ASYNC251 - blocking is the point
-        for piece in pieces:
-            yield piece
+        for item in items:
+            yield item
 
 
 async def test_a_result_complete_after_the_deadline_is_expired_not_succeeded(

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
 from producers.service import run_relay
+from schemas.sampling import SummaryOptions, instruction
 from schemas.tables import jobs
 from tests.integration.pipeline import Pipeline, open_pipeline
 from workers.engines.base import GenerationRequest, SamplingParams
@@ -110,3 +111,37 @@ async def test_an_unknown_model_is_refused(pipeline: Pipeline) -> None:
     assert details[0]["message"] == (
         "The model `gpt-4o` does not exist or you do not have access to it."
     )
+
+
+async def test_a_summarys_options_reach_the_engine_and_results_say_why_they_ended(
+    pipeline: Pipeline, db: AsyncEngine
+) -> None:
+    doc = " ".join(f"Sentence {i} says the sluice gate holds the water back." for i in range(30))
+    asked = {"style": "bullets", "language": "French", "words": 40}
+    r = await pipeline.client.post(
+        "/v1/jobs", json={"kind": "summarize", "input": doc, "max_tokens": 300, "summary": asked}
+    )
+    assert r.status_code == 202, r.text
+    cut = await pipeline.client.post(
+        "/v1/jobs", json={"kind": "complete", "input": "the gate holds", "max_tokens": 3}
+    )
+    assert cut.status_code == 202, cut.text
+    refused = await pipeline.client.post(
+        "/v1/jobs", json={"kind": "complete", "input": "hi", "summary": {"style": "bullets"}}
+    )
+    assert refused.status_code == 422
+    assert refused.json()["error"]["code"] == "summary_not_applicable"
+    async with db.connect() as conn:
+        params = await conn.scalar(select(jobs.c.params).where(jobs.c.id == r.json()["id"]))
+    assert params == {"summary": asked}
+    engine = RecordingEngine()
+    pipeline.start(run_relay)
+    pipeline.start(partial(run_worker, engine=engine))
+    views = await pipeline.wait_terminal([r.json()["id"], cut.json()["id"]])
+    summary, completion = views[r.json()["id"]], views[cut.json()["id"]]
+    assert summary["state"] == completion["state"] == "succeeded"
+    (request,) = [q for q in engine.requests if q.kind.value == "summarize"]
+    assert request.instruction == instruction(SummaryOptions.model_validate(asked))
+    assert summary["result"]["finish_reason"] == "stop"  # the extract ended first
+    assert completion["result"]["finish_reason"] == "length"  # cut at its 3 tokens
+    assert completion["result"]["output_tokens"] == 3

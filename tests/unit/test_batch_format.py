@@ -115,6 +115,22 @@ def job(state: JobState, **extra: object) -> Job:
     return Job(**fields)  # type: ignore[arg-type]
 
 
+def test_an_output_line_carries_the_engines_finish_reason() -> None:
+    # vLLM checks the end-of-text token before the length: an output whose last allowed
+    # token was the EOS is "stop", though it took all of max_tokens.
+    reported = {"text": "Short.", "prompt_tokens": 3, "output_tokens": 5, "finish_reason": "stop"}
+    done = job(JobState.SUCCEEDED, result=reported)
+    chat = result_line("/v1/chat/completions", done)["response"]["body"]
+    assert chat["choices"][0]["finish_reason"] == "stop"
+    completion = result_line("/v1/completions", done)["response"]["body"]
+    assert completion["choices"][0]["finish_reason"] == "stop"
+    summary = result_line("/v1/summarize", done)["response"]["body"]
+    assert summary["finish_reason"] == "stop"
+    cut = {**reported, "output_tokens": 2, "finish_reason": "length"}
+    chat = result_line("/v1/chat/completions", job(JobState.SUCCEEDED, result=cut))
+    assert chat["response"]["body"]["choices"][0]["finish_reason"] == "length"
+
+
 def test_output_lines() -> None:
     result = {"text": "Short.", "engine": "sim", "prompt_tokens": 3, "output_tokens": 5}
     ok = result_line("/v1/completions", job(JobState.SUCCEEDED, result=result))

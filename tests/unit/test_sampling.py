@@ -143,10 +143,11 @@ def test_a_single_submit_carries_them_and_checks_the_model() -> None:
 
 
 def test_a_request_hash_without_parameters_is_unchanged() -> None:
-    """Idempotency keys stored before the parameters existed still match their replays."""
+    """Idempotency keys stored before the parameters (and ``summary``) existed still match
+    their replays."""
     body = submit(idempotency_key="k")
     canonical = body.model_dump_json(
-        exclude={"idempotency_key", "model", "temperature", "top_p", "stop", "seed"}
+        exclude={"idempotency_key", "model", "temperature", "top_p", "stop", "seed", "summary"}
     )
     assert request_hash(body) == hashlib.sha256(canonical.encode()).hexdigest()
     assert request_hash(submit(seed=1)) != request_hash(submit(seed=2))

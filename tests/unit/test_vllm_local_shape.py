@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from schemas.jobs import JobKind
-from workers.engines.base import GenerationRequest
+from workers.engines.base import Finished, GenerationRequest, SamplingParams
 from workers.engines.errors import (
     DuplicateRequest,
     EngineAborted,
@@ -24,7 +24,7 @@ from workers.engines.errors import (
 )
 from workers.engines.prompts import build_prompt
 from workers.engines.streaming import output_pieces
-from workers.engines.vllm.local import VllmLocalEngine
+from workers.engines.vllm.local import VllmLocalEngine, finished_output
 from workers.engines.vllm.stats import StatsSink, capacity_from
 
 
@@ -96,6 +96,23 @@ def test_prompts_per_kind() -> None:
     assert prompt.startswith("Summarize")
     assert "The document." in prompt
     assert prompt.endswith("Summary:")
+    own = build_prompt(JobKind.SUMMARIZE, "The document.", "List the facts.")
+    assert own == "List the facts.\n\nDocument:\nThe document.\n\nSummary:"
+    assert build_prompt(JobKind.COMPLETE, "Once", "List the facts.") == "Once"
+
+
+def test_a_finished_output_says_why_it_ended_as_vllm_did() -> None:
+    def output(*reasons: str | None) -> SimpleNamespace:
+        completions = [SimpleNamespace(finish_reason=reason) for reason in reasons]
+        return SimpleNamespace(finished=True, outputs=completions)
+
+    assert finished_output(output("stop"), "r") == Finished("stop")
+    assert finished_output(output("length"), "r") == Finished("length")
+    with pytest.raises(EngineAborted):
+        finished_output(output("abort"), "r")
+    for other in ("error", "repetition", None):
+        with pytest.raises(EngineError):
+            finished_output(output(other), "r")
 
 
 def test_a_delta_gives_one_item_per_token() -> None:
@@ -215,6 +232,8 @@ class FakeAsyncLLM:
             scheduler_config=SimpleNamespace(max_num_seqs=args.max_num_seqs),
         )
         self.streams: dict[str, asyncio.Queue[SimpleNamespace]] = {}
+        self.finishes: dict[str, str] = {}  # request id -> its last output's finish_reason
+        self.prompts: dict[str, list[int]] = {}  # request id -> its prompt's token ids
         self.aborted: list[str] = []
         self.shut_down = 0
 
@@ -230,6 +249,7 @@ class FakeAsyncLLM:
     ) -> AsyncIterator[SimpleNamespace]:
         queue: asyncio.Queue[SimpleNamespace] = asyncio.Queue()
         self.streams[request_id] = queue
+        self.prompts[request_id] = prompt["prompt_token_ids"]
         decoder = asyncio.create_task(self._decode(request_id, params.max_tokens, queue))
         try:
             while True:
@@ -248,7 +268,9 @@ class FakeAsyncLLM:
             await asyncio.sleep(0.001)
             if self.streams.get(request_id) is not queue:
                 return
-            queue.put_nowait(fake_output(f" t{i}", [i], finished=i == n - 1))
+            last = i == n - 1
+            reason = self.finishes.get(request_id) if last else None
+            queue.put_nowait(fake_output(f" t{i}", [i], finished=last, finish_reason=reason))
         self.streams.pop(request_id, None)
 
     async def abort(self, request_id: str | list[str]) -> None:
@@ -339,6 +361,40 @@ async def test_fake_streams_one_item_per_token(fake_engine: VllmLocalEngine) -> 
     assert llm(fake_engine).aborted == []
 
 
+async def test_fake_the_stream_ends_with_vllms_finish_reason(fake_engine: VllmLocalEngine) -> None:
+    cut = fake_engine.generate(fake_request("cut", max_tokens=3))
+    assert [piece async for piece in cut] == [" t0", " t1", " t2"]
+    assert cut.finish_reason == "length"
+    llm(fake_engine).finishes["eos"] = "stop"
+    ended = fake_engine.generate(fake_request("eos", max_tokens=3))
+    assert [piece async for piece in ended] == [" t0", " t1", " t2"]
+    assert ended.finish_reason == "stop"
+
+
+async def test_fake_a_summary_is_prompted_with_its_own_instruction(
+    fake_engine: VllmLocalEngine,
+) -> None:
+    own = "List the key facts, one a line."
+    request = GenerationRequest(
+        request_id="own",
+        kind=JobKind.SUMMARIZE,
+        input="The lock reopened on Monday.",
+        max_tokens=2,
+        sampling=SamplingParams(instruction=own),
+    )
+    assert [piece async for piece in fake_engine.generate(request)] == [" t0", " t1"]
+    words = len(build_prompt(JobKind.SUMMARIZE, request.input, own).split())
+    assert len(llm(fake_engine).prompts["own"]) == words  # the fake tokenizer: one a word
+
+
+async def test_fake_an_aborted_stream_has_no_finish_reason(fake_engine: VllmLocalEngine) -> None:
+    stream = fake_engine.generate(fake_request("a", max_tokens=400))
+    await anext(stream)
+    await fake_engine.abort("a")
+    assert [piece async for piece in stream] == []
+    assert stream.finish_reason is None
+
+
 async def test_fake_too_large_is_refused_before_submission(fake_engine: VllmLocalEngine) -> None:
     with pytest.raises(RequestTooLarge):
         await anext(fake_engine.generate(fake_request("big", max_tokens=510)))
@@ -350,7 +406,7 @@ async def test_fake_duplicate_is_refused_while_running(fake_engine: VllmLocalEng
     await anext(first)
     with pytest.raises(DuplicateRequest):
         await anext(fake_engine.generate(fake_request("dup")))
-    await first.aclose()  # type: ignore[attr-defined]
+    await first.aclose()
     assert llm(fake_engine).aborted == ["dup"]
     assert [p async for p in fake_engine.generate(fake_request("dup", max_tokens=2))] == [
         " t0",

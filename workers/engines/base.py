@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import contextlib
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from schemas.jobs import JobKind
+from schemas.jobs import FinishReason, JobKind
+from schemas.sampling import instruction, options_of
 
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     """A job's model and sampling parameters, as its request gave them (None: the engine's
-    default). ``model`` was checked at ingress against the served names (setting
-    ``models``): each engine serves one model, so it is reported, not routed on."""
+    default), and a summary's instruction. ``model`` was checked at ingress against the
+    served names (setting ``models``): each engine serves one model, so it is reported, not
+    routed on. ``instruction`` is composed from the job's summary options
+    (``schemas.sampling.instruction``); None: the default one."""
 
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    instruction: str | None = None
 
     @classmethod
     def from_stored(cls, params: Mapping[str, Any] | None) -> SamplingParams | None:
@@ -32,12 +37,14 @@ class SamplingParams:
             params.get("top_p"),
             params.get("seed"),
         )
+        summary = options_of(params)
         return cls(
             model=params.get("model"),
             temperature=float(temperature) if temperature is not None else None,
             top_p=float(top_p) if top_p is not None else None,
             stop=tuple(str(s) for s in params.get("stop") or ()),
             seed=int(seed) if seed is not None else None,
+            instruction=instruction(summary) if summary is not None else None,
         )
 
 
@@ -62,6 +69,60 @@ class GenerationRequest:
     input: str
     max_tokens: int
     sampling: SamplingParams | None = None  # None: the engine's defaults throughout
+
+    @property
+    def instruction(self) -> str | None:
+        """A summary's instruction (``prompts.build_prompt``); None: the default one."""
+        return self.sampling.instruction if self.sampling is not None else None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last item of an engine's output source: why the engine ended the output, as it
+    reported it (vLLM's and llama.cpp's ``finish_reason``)."""
+
+    reason: FinishReason
+
+
+class Generation:
+    """One request's output, as ``InferenceEngine.generate`` streams it: one decoded token's
+    text per item. Once the stream has ended on its own, ``finish_reason`` says why, as the
+    engine reported it (``stop`` or ``length``); it stays None for an output that did not
+    end so (aborted, closed early, failed).
+
+    An engine makes it from an async generator of its pieces that yields a ``Finished`` last;
+    a wrapper engine makes its own from an inner generation's ``items()``. Closing it
+    (``aclose``) closes that generator, which aborts the request.
+    """
+
+    def __init__(self, source: AsyncGenerator[str | Finished, None]) -> None:
+        self._source = source
+        self.finish_reason: FinishReason | None = None
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    async def __anext__(self) -> str:
+        if self.finish_reason is not None:
+            raise StopAsyncIteration
+        item = await anext(self._source)
+        if isinstance(item, Finished):
+            self.finish_reason = item.reason
+            await self._source.aclose()  # nothing follows the end
+            raise StopAsyncIteration
+        return item
+
+    async def aclose(self) -> None:
+        await self._source.aclose()
+
+    async def items(self) -> AsyncGenerator[str | Finished, None]:
+        """This output as another generation's source (a wrapper engine's): its pieces,
+        then its ``Finished`` if it ended on its own. Closing it closes this one."""
+        async with contextlib.aclosing(self):
+            async for piece in self:
+                yield piece
+        if self.finish_reason is not None:
+            yield Finished(self.finish_reason)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,9 +175,10 @@ class InferenceEngine(Protocol):
 
     def capacity(self) -> Capacity: ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
-        """Stream the output, one decoded token's text per item. Closing the stream early
-        (or cancelling its consumer) aborts the request."""
+    def generate(self, request: GenerationRequest) -> Generation:
+        """Stream the output, one decoded token's text per item, and why it ended
+        (``Generation.finish_reason``). Closing the stream early (or cancelling its
+        consumer) aborts the request."""
         ...
 
     async def abort(self, request_id: str) -> None:

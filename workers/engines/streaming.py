@@ -1,6 +1,7 @@
 """What the HTTP engines share: one request in flight as a reader task and the items it read.
 
-The reader task owns the HTTP response; ``generate`` takes items from its queue. Aborting a
+The reader task owns the HTTP response; ``generate`` takes items from its queue, the last
+of a whole output being the server's ``finish_reason`` (a ``Finished``). Aborting a
 request from elsewhere (``engine.abort(id)``) cancels the reader, which closes the connection:
 vLLM and llama.cpp both abort a request whose client went away and free its KV. The queue
 holds at most one item per generated token, so ``max_tokens`` bounds it.
@@ -16,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from schemas.jobs import finish_reason_of
+from workers.engines.base import Finished
 from workers.engines.errors import (
     DuplicateRequest,
     EngineAborted,
@@ -24,17 +27,16 @@ from workers.engines.errors import (
 )
 
 log = logging.getLogger(__name__)
-COMPLETE = frozenset({"stop", "length"})
 
 Reader = Callable[[asyncio.Queue["Item"]], Coroutine[Any, Any, None]]
 
 
 class End:
-    """Marks the end of a stream's items."""
+    """Marks the end of a stream's items that did not end on the server's own: stopped."""
 
 
 END = End()
-Item = str | End | EngineError
+Item = str | Finished | End | EngineError
 
 
 class Stream:
@@ -60,9 +62,10 @@ class InFlight:
     def __init__(self) -> None:
         self._streams: dict[str, Stream] = {}
 
-    async def items(self, request_id: str, reader: Reader) -> AsyncGenerator[str, None]:
+    async def items(self, request_id: str, reader: Reader) -> AsyncGenerator[str | Finished, None]:
         """Run ``reader`` as the request's reader task and yield what it reads, until its
-        end, its error (raised), or an abort. Closing this stream aborts the request."""
+        end (a ``Finished``, yielded last), its error (raised), or an abort. Closing this
+        stream aborts the request."""
         if request_id in self._streams:
             raise DuplicateRequest(f"request {request_id!r} is already running")
         stream = Stream()
@@ -76,6 +79,8 @@ class InFlight:
                 if isinstance(item, EngineError):
                     raise item
                 yield item
+                if isinstance(item, Finished):
+                    return
         finally:
             if self._streams.get(request_id) is stream:
                 del self._streams[request_id]
@@ -106,21 +111,21 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
 def end_of_output(
     finish: str | None, yielded: int, usage: int | None, items: asyncio.Queue[Item]
 ) -> Item:
-    """What ends a stream whose last ``finish_reason`` was ``finish``: the end, once made up
-    to the server's ``usage`` count; or why it is not a whole output. Only "stop" and
-    "length" are; "abort" means the server ended it itself (vLLM: ``/pause``, ``/sleep``,
-    ``/abort_requests``), a retriable error."""
+    """What ends a stream whose last ``finish_reason`` was ``finish``: the server's reason
+    (``Finished``), once the items are made up to its ``usage`` count; or why it is not a
+    whole output. Only "stop" and "length" are; "abort" means the server ended it itself
+    (vLLM: ``/pause``, ``/sleep``, ``/abort_requests``), a retriable error."""
     if finish is None:
         return EngineUnavailable("the stream ended before its output did")
     if finish == "abort":
         return EngineAborted("the server aborted the request before its output ended")
-    if finish not in COMPLETE:
-        return EngineError(f"the server ended the output with finish_reason {finish!r}")
-    if usage is not None and yielded > usage:
-        log.warning("%d items for the %d tokens the server counted", yielded, usage)
-    for empty in padding(yielded, usage):
-        items.put_nowait(empty)
-    return END
+    if (reason := finish_reason_of(finish)) is not None:
+        if usage is not None and yielded > usage:
+            log.warning("%d items for the %d tokens the server counted", yielded, usage)
+        for empty in padding(yielded, usage):
+            items.put_nowait(empty)
+        return Finished(reason)
+    return EngineError(f"the server ended the output with finish_reason {finish!r}")
 
 
 def padding(yielded: int, server_count: int | None) -> list[str]:

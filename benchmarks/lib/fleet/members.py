@@ -8,7 +8,7 @@ import argparse
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from benchmarks.lib.fleet.kill import destroy_without_leaving
 from benchmarks.lib.fleet.plan import Move
 from benchmarks.lib.stack import Bench
 from workers.consumer import Worker
-from workers.engines.base import GenerationRequest
+from workers.engines.base import Finished, Generation, GenerationRequest
 from workers.engines.sim.engine import SimEngine
 from workers.group.kip848 import GroupConsumer
 from workers.service import run_worker
@@ -40,13 +40,17 @@ class Timed(Counting):
         open_s = time.monotonic() - self._since if self._inside else 0.0
         return self._busy + open_s
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    def generate(self, request: GenerationRequest) -> Generation:
+        return Generation(self._timed(request))
+
+    async def _timed(self, request: GenerationRequest) -> AsyncGenerator[str | Finished, None]:
         if self._inside == 0:
             self._since = time.monotonic()
         self._inside += 1
         try:
-            async for piece in super().generate(request):
-                yield piece
+            async with contextlib.aclosing(super().generate(request).items()) as items:
+                async for item in items:
+                    yield item
         finally:
             self._inside -= 1
             if self._inside == 0:

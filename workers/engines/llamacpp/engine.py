@@ -8,8 +8,9 @@ read every ``poll_interval_s``), ``waiting`` the server's ``llamacpp:requests_de
 pull gate starts a job only when a slot is free and the job fits one, so nothing waits inside
 the server.
 
-- Prompts: ``/v1/chat/completions`` with the instruction as the system message
-  (``prompts.chat_messages``); the server applies the model's own chat template.
+- Prompts: ``/v1/chat/completions`` with a summary's instruction (the job's, else the
+  default) as the system message (``prompts.chat_messages``); the server applies the model's
+  own chat template.
 - Sampling: a job's ``temperature``, ``top_p``, ``stop`` and ``seed`` go in the body (the
   job's temperature over ``temperature``); a seed outside 0..2**32-2, which llama.cpp would
   wrap or take as "random", is refused (``UnsupportedParameter``).
@@ -19,7 +20,9 @@ the server.
   at the slot's end).
 - Tokens: one item per chunk of text, then empty items up to the server's
   ``usage.completion_tokens`` (asked with ``stream_options.include_usage``), so the count is
-  the server's. Only ``finish_reason`` ``stop`` or ``length`` is a complete output.
+  the server's. Only ``finish_reason`` ``stop`` or ``length`` is a complete output; the
+  stream's ``Generation.finish_reason`` is the one of the server's last chunk (llama.cpp's
+  OpenAI-compatible chunks carry it as vLLM's do).
 - Abort: the reader task is cancelled and the connection closed; llama.cpp notices at its
   next write and frees the slot (measured: about 20 ms, a few decode steps).
 - ``count_tokens`` is an estimate (about 4 bytes a token): the tokenizer is in the server;
@@ -31,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from pathlib import PurePath
 from typing import Any
 
@@ -39,7 +42,14 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.jobs import estimate_tokens
-from workers.engines.base import Capacity, GenerationRequest, SamplingParams, openai_sampling
+from workers.engines.base import (
+    Capacity,
+    Finished,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    openai_sampling,
+)
 from workers.engines.errors import (
     EngineError,
     EngineNotRunning,
@@ -144,7 +154,10 @@ class LlamaCppEngine:
     async def abort(self, request_id: str) -> None:
         await self._in_flight.abort(request_id)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    def generate(self, request: GenerationRequest) -> Generation:
+        return Generation(self._generate(request))
+
+    async def _generate(self, request: GenerationRequest) -> AsyncGenerator[str | Finished, None]:
         client = self._client
         if client is None:
             raise EngineNotRunning("the llama.cpp engine is not started (or already closed)")
@@ -160,7 +173,7 @@ class LlamaCppEngine:
     async def _read(
         self, client: httpx.AsyncClient, request: GenerationRequest, items: asyncio.Queue[Item]
     ) -> None:
-        messages = chat_messages(request.kind, request.input)
+        messages = chat_messages(request.kind, request.input, request.instruction)
         body = {
             "messages": messages,
             "max_tokens": request.max_tokens,

@@ -6,20 +6,25 @@ One step loop drives the scheduler; each step lasts its roofline time (times
 piece. Requests
 queue inside the engine when blocks run short, exactly as in vLLM: it is the worker's job to
 start only what the KV cache can hold (``capacity()`` reports the blocks).
+
+A request's prompt is counted as the real engines see it (``prompts.build_prompt``: a
+summary's instruction included), and its output ends as vLLM reports it: ``length`` when it
+took all of ``max_tokens``, ``stop`` when its text ended first (``output.finish_reason``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
-from workers.engines.base import Capacity, GenerationRequest
+from workers.engines.base import Capacity, Finished, Generation, GenerationRequest
 from workers.engines.errors import DuplicateRequest, EngineNotRunning, RequestTooLarge
+from workers.engines.prompts import build_prompt
 from workers.engines.sim.batching import BatchScheduler, SimRequest
 from workers.engines.sim.blocks import BlockAllocator
-from workers.engines.sim.output import simulated_output
+from workers.engines.sim.output import finish_reason, simulated_output
 from workers.engines.sim.profiles import GPU_80GB, LLAMA_8B, GpuProfile, ModelProfile, Roofline
 from workers.engines.sim.profiles import num_gpu_blocks as profile_blocks
 from workers.engines.sim.tokens import count_tokens
@@ -113,7 +118,10 @@ class SimEngine:
             stream.aborted = True
             stream.notify()
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    def generate(self, request: GenerationRequest) -> Generation:
+        return Generation(self._generate(request))
+
+    async def _generate(self, request: GenerationRequest) -> AsyncGenerator[str | Finished, None]:
         if self._loop is None:
             raise EngineNotRunning("the simulator engine is not started (or already closed)")
         if request.request_id in self._streams:
@@ -121,8 +129,9 @@ class SimEngine:
         pieces = simulated_output(request)
         stream = _Stream(pieces=pieces)
         if not pieces:
+            yield Finished(finish_reason(pieces, request.max_tokens))
             return
-        prompt_tokens = max(1, count_tokens(request.input))
+        prompt_tokens = sim_prompt_tokens(request)
         allocator = self._scheduler.allocator
         if allocator.blocks_for(prompt_tokens + len(pieces)) > allocator.num_blocks:
             raise RequestTooLarge(
@@ -147,6 +156,7 @@ class SimEngine:
                     return
                 yield pieces[given]
                 given += 1
+            yield Finished(finish_reason(pieces, request.max_tokens))
         finally:
             if self._streams.get(request.request_id) is stream:
                 await self.abort(request.request_id)
@@ -188,3 +198,9 @@ class SimEngine:
                 if stream is not None:
                     stream.ended = True
                     stream.notify()
+
+
+def sim_prompt_tokens(request: GenerationRequest) -> int:
+    """The prompt as the simulator counts it: the request's text with a summary's
+    instruction (``prompts.build_prompt``), as vLLM's tokenizer would see its prompt."""
+    return max(1, count_tokens(build_prompt(request.kind, request.input, request.instruction)))

@@ -4,7 +4,8 @@ The extractive summary of the document for ``summarize``, a pseudo-completion bu
 prompt's own words for ``complete``, cut to ``max_tokens`` tokens. Deterministic: the same
 request always gives the same pieces. Sampling parameters: a ``seed`` picks another
 completion (the same one for the same seed), the output ends before the first ``stop``
-string it would contain, and ``temperature`` and ``top_p`` change nothing.
+string it would contain, and ``temperature`` and ``top_p`` change nothing. The output ends
+as vLLM says it did (``finish_reason``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import random
 import re
 from itertools import pairwise
 
-from schemas.jobs import JobKind
+from schemas.jobs import FinishReason, JobKind
 from workers.engines.base import GenerationRequest
 from workers.engines.sim.summarize import summarize
 from workers.engines.sim.tokens import tokenize
@@ -39,6 +40,15 @@ def simulated_output(request: GenerationRequest) -> list[str]:
     if sampling is not None and sampling.stop:
         return tokenize(cut_at_stop("".join(pieces), sampling.stop))
     return pieces
+
+
+def finish_reason(pieces: list[str], max_tokens: int) -> FinishReason:
+    """Why vLLM would say an output of ``pieces`` ended: ``stop`` when its text ended first
+    (the model's end-of-text token came within ``max_tokens``, or a ``stop`` string cut it),
+    ``length`` when it took all of them; vLLM checks the end-of-text token before the
+    length (``v1/core/sched/utils.py`` ``check_stop``), so only text that fills
+    ``max_tokens`` is cut."""
+    return "stop" if len(pieces) < max_tokens else "length"
 
 
 def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:

@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -226,9 +226,8 @@ class Completion:
         return JSONResponse(body, headers=headers)
 
     async def _pieces(self) -> AsyncGenerator[str, None]:
-        # SimEngine.generate is an async generator: closing it aborts the request.
-        source = cast(AsyncGenerator[str, None], self.engine.generate(self.request))
-        async with contextlib.aclosing(source) as pieces:
+        # Closing the engine's generation aborts the request.
+        async with contextlib.aclosing(self.engine.generate(self.request)) as pieces:
             async for piece in pieces:
                 self.token_times.append(time.monotonic())
                 yield piece

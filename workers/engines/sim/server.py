@@ -56,6 +56,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from http import HTTPStatus
 from typing import Any
 
@@ -67,7 +68,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from schemas.jobs import JobKind
 from workers.engines.base import GenerationRequest
-from workers.engines.prompts import document_of
+from workers.engines.prompts import split_prompt
 from workers.engines.sim.engine import SimEngine
 from workers.engines.sim.protocol import (
     AbortRequest,
@@ -177,14 +178,16 @@ def _routes(app: FastAPI, server: Server) -> None:
             return refused
         external = raw.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         index, engine = server.engine_for()
+        # A summary's prompt is its instruction and its document: the simulator extracts
+        # from the document, and counts the whole prompt as vLLM does.
+        parts = split_prompt(body.prompt) if body.sluicegate_kind is JobKind.SUMMARIZE else None
+        instruction, text = parts if parts is not None else (None, body.prompt)
         request = GenerationRequest(
             request_id=f"{external}-{uuid.uuid4().hex[:8]}",  # unique inside, as vLLM's
             kind=body.sluicegate_kind,
-            input=document_of(body.prompt)
-            if body.sluicegate_kind is JobKind.SUMMARIZE
-            else body.prompt,
+            input=text,
             max_tokens=min(body.max_tokens, server.context - prompt_tokens),  # vLLM caps
-            sampling=body.sampling(),
+            sampling=replace(body.sampling(), instruction=instruction),
         )
         completion = Completion(
             server, engine, request, external=external, engine_index=index, body=body,

@@ -4,17 +4,22 @@ against vLLM 0.33 (paths below are inside its ``vllm/`` package).
 Generation streams ``POST /v1/completions`` (server-sent events) with the request id in the
 ``X-Request-Id`` header:
 
-- the prompt is ``prompts.build_prompt``: a summary carries its instruction;
+- the prompt is ``prompts.build_prompt``: a summary carries its instruction (the job's,
+  else the default);
 - the job's ``temperature``, ``top_p``, ``stop`` and ``seed`` go in the body as given (vLLM
   applies all four); ``model`` is the configured one (the job's was checked at ingress);
 - ``return_token_ids`` and ``stream_options.include_usage`` are asked for, since one chunk can
   carry several tokens (``stream_interval``) or none with text (an EOS): each chunk gives its
   text and then one empty item per further token, and the stream is made up to the server's
   ``usage.completion_tokens`` (``entrypoints/openai/completion/serving.py`` ~383-470);
-- only ``finish_reason`` "stop" or "length" is a complete output. A request the server ended
-  itself (``/pause``, ``/sleep``, ``/abort_requests``) ends with "abort"
-  (``v1/engine/output_processor.py`` ~636-648): ``EngineAborted``, retriable; "error" and any
-  other end are an ``EngineError``;
+- only ``finish_reason`` "stop" or "length" is a complete output, and it is the stream's
+  ``Generation.finish_reason``: vLLM puts the output's ``finish_reason`` (``outputs.py`` ~93,
+  one of ``FINISH_REASON_STRINGS``, ``v1/engine/__init__.py`` ~37) on the stream's last
+  choice (``entrypoints/openai/completion/serving.py`` ~349 and ~433). A request the server
+  ended itself (``/pause``, ``/sleep``, ``/abort_requests``) ends with "abort"
+  (``v1/engine/output_processor.py`` ~636-648): ``EngineAborted``, retriable; "error" and
+  any other end ("repetition" comes only with ``repetition_detection``, never asked for) are
+  an ``EngineError``;
 - ``max_model_len`` comes from ``GET /v1/models`` (``entrypoints/openai/models/serving.py``
   ~64-76). vLLM caps ``max_tokens`` to what the context leaves
   (``entrypoints/serve/utils/api_utils.py`` ~234), so a prompt (estimated) plus
@@ -52,14 +57,20 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.jobs import estimate_tokens
-from workers.engines.base import Capacity, GenerationRequest, openai_sampling
+from workers.engines.base import (
+    Capacity,
+    Finished,
+    Generation,
+    GenerationRequest,
+    openai_sampling,
+)
 from workers.engines.errors import (
     EngineError,
     EngineNotRunning,
@@ -196,11 +207,14 @@ class VllmHttpEngine:
     async def abort(self, request_id: str) -> None:
         await self._in_flight.abort(request_id)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    def generate(self, request: GenerationRequest) -> Generation:
+        return Generation(self._generate(request))
+
+    async def _generate(self, request: GenerationRequest) -> AsyncGenerator[str | Finished, None]:
         client = self._client
         if client is None:
             raise EngineNotRunning("the vLLM HTTP engine is not started (or already closed)")
-        prompt = build_prompt(request.kind, request.input)
+        prompt = build_prompt(request.kind, request.input, request.instruction)
         self._check_length(prompt, request.max_tokens)
 
         def reader(items: asyncio.Queue[Item]) -> Coroutine[Any, Any, None]:

@@ -3,8 +3,8 @@
 Written against vLLM 0.33 (the ``vllm`` extra). vLLM is imported only in ``start()`` and
 ``generate()``, so this module imports (and the worker can be built) without it.
 
-- Prompts: ``summarize`` wraps the document in a plain-text instruction
-  (``prompts.build_prompt``);
+- Prompts: ``summarize`` wraps the document in a plain-text instruction, the job's or the
+  default one (``prompts.build_prompt``);
   ``complete`` sends the input as it is. The model's chat template is not applied, so the
   same prompt works for base and instruct models alike.
 - Tokens: the prompt is tokenized here with the engine's tokenizer and submitted as token
@@ -13,7 +13,9 @@ Written against vLLM 0.33 (the ``vllm`` extra). vLLM is imported only in ``start
   ``SamplingParams`` of the same names (``sampling_kwargs``).
 - Output: ``SamplingParams(output_kind=DELTA)``; each delta's text is yielded, followed by an
   empty string for every further token the delta carries (vLLM merges deltas when the
-  consumer falls behind), so the stream has one item per generated token.
+  consumer falls behind), so the stream has one item per generated token. The last output's
+  ``CompletionOutput.finish_reason`` (``outputs.py`` ~93, set on the finished output only:
+  ``v1/engine/output_processor.py`` ~525) is the stream's ``Generation.finish_reason``.
 - Sizes: a prompt plus ``max_tokens`` beyond the model's context raises ``RequestTooLarge``
   before anything is submitted (vLLM itself would only cap the output). vLLM refuses at
   start-up a cache that cannot hold one full-context sequence, so fitting the context means
@@ -22,10 +24,11 @@ Written against vLLM 0.33 (the ``vllm`` extra). vLLM is imported only in ``start
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
-from workers.engines.base import Capacity, GenerationRequest, SamplingParams
+from schemas.jobs import finish_reason_of
+from workers.engines.base import Capacity, Finished, Generation, GenerationRequest, SamplingParams
 from workers.engines.errors import (
     DuplicateRequest,
     EngineAborted,
@@ -55,17 +58,20 @@ def sampling_kwargs(sampling: SamplingParams | None, temperature: float) -> dict
     return kwargs
 
 
-def raise_unless_complete(output: Any, request_id: str) -> None:
-    """A finished output that is not a whole one: vLLM's ``AsyncLLM.generate`` ends the
-    stream without raising when the engine aborted the request (a pause, a sleep, an abort
-    from elsewhere: ``finish_reason`` "abort", v1/engine/output_processor.py ~636-648) or
-    failed it ("error"). Our own aborts never get here: they end the loop first."""
-    for completion in output.outputs:
-        reason = getattr(completion, "finish_reason", None)
-        if reason == "abort":
-            raise EngineAborted(f"vLLM aborted request {request_id!r} before its output ended")
-        if reason not in (None, "stop", "length"):
-            raise EngineError(f"vLLM ended request {request_id!r} with {reason!r}")
+def finished_output(output: Any, request_id: str) -> Finished:
+    """Why a finished ``RequestOutput`` ended (its completion's ``finish_reason``, "stop" or
+    "length": ``FINISH_REASON_STRINGS``, v1/engine/__init__.py ~37), or an error for one
+    that is not a whole output: vLLM's ``AsyncLLM.generate`` ends the stream without raising
+    when the engine aborted the request (a pause, a sleep, an abort from elsewhere:
+    ``finish_reason`` "abort", v1/engine/output_processor.py ~636-648) or failed it
+    ("error"). Our own aborts never get here: they end the loop first."""
+    reasons = [completion.finish_reason for completion in output.outputs]
+    if "abort" in reasons:
+        raise EngineAborted(f"vLLM aborted request {request_id!r} before its output ended")
+    ended = [finish_reason_of(reason) for reason in reasons]
+    if not ended or None in ended:
+        raise EngineError(f"vLLM ended request {request_id!r} with {reasons!r}")
+    return Finished("length" if "length" in ended else "stop")
 
 
 class VllmLocalEngine:
@@ -191,7 +197,10 @@ class VllmLocalEngine:
             # An external id: vLLM maps it to its internal ids and ignores unknown ones.
             await llm.abort(request_id)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[str]:
+    def generate(self, request: GenerationRequest) -> Generation:
+        return Generation(self._generate(request))
+
+    async def _generate(self, request: GenerationRequest) -> AsyncGenerator[str | Finished, None]:
         llm = self._llm
         if llm is None:
             raise EngineNotRunning("the vLLM engine is not started (or already closed)")
@@ -199,8 +208,10 @@ class VllmLocalEngine:
         if request_id in self._active:
             raise DuplicateRequest(f"request {request_id!r} is already running")
         if request.max_tokens <= 0:
+            yield Finished("length")  # nothing may be decoded: cut at once, as vLLM would
             return
-        prompt_ids: list[int] = self._tokenizer.encode(build_prompt(request.kind, request.input))
+        prompt = build_prompt(request.kind, request.input, request.instruction)
+        prompt_ids: list[int] = self._tokenizer.encode(prompt)
         needed = len(prompt_ids) + request.max_tokens
         if needed > self._max_model_len:
             raise RequestTooLarge(
@@ -232,7 +243,7 @@ class VllmLocalEngine:
                             yield piece
                     finished = output.finished
                     if finished:
-                        raise_unless_complete(output, request_id)
+                        yield finished_output(output, request_id)
             except VLLMError as exc:
                 raise EngineError(f"vLLM failed request {request_id!r}: {exc}") from exc
         finally:
