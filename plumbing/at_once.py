@@ -24,10 +24,10 @@ from aiokafka.errors import KafkaError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from plumbing.aio import wait_first
 from plumbing.mark_store import Mark, OutboxRow, marker
 from plumbing.metrics import AT_ONCE
 from plumbing.publisher import Publisher, Target
+from plumbing.retry import wait_first
 from plumbing.settings import Settings
 
 log = logging.getLogger(__name__)

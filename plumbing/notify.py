@@ -15,12 +15,10 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from plumbing.aio import wait_first
 from plumbing.db import libpq_url
-from plumbing.retry import Stopped, retrying
+from plumbing.retry import Stopped, retrying, wait_first
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,7 +43,6 @@ from tenacity import (
 )
 
 from plumbing.activity import QUIET_S, Activity
-from plumbing.aio import wait_first
 from plumbing.metrics import RETRIES
 
 log = logging.getLogger(__name__)
@@ -235,3 +234,14 @@ async def in_rounds(
                 await wait_first(stop, wake, limit_s=interval_s)
         else:
             await wait_first(stop, wake, limit_s=interval_s)
+
+
+async def wait_first(*events: asyncio.Event, limit_s: float | None = None) -> None:
+    """Return when any of the events is set, or after ``limit_s`` seconds (how every loop
+    here waits between its rounds)."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -16,9 +16,8 @@ from aiokafka.errors import KafkaError
 from confluent_kafka import KafkaException
 from pydantic import ValidationError
 
-from plumbing.aio import wait_first
 from plumbing.kafka import cluster_id
-from plumbing.retry import Later, Stopped, outage, retrying
+from plumbing.retry import Later, Stopped, outage, retrying, wait_first
 from schemas.envelopes import DispatchEnvelope
 from workers.dead_letter_store import record_subject
 from workers.execution import Executor, Progress

@@ -22,9 +22,9 @@ from datetime import UTC, datetime
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from plumbing.aio import wait_first
 from plumbing.notify import JobNotice, Listener
 from plumbing.retry import count as count_retry
+from plumbing.retry import wait_first
 from schemas import constants, reasons
 from schemas.states import JobState
 from workers.engines.base import InferenceEngine

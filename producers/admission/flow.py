@@ -14,8 +14,8 @@ from collections.abc import Callable
 from sqlalchemy.exc import DBAPIError
 
 from plumbing.activity import QUIET_S, Activity
-from plumbing.aio import wait_first
 from plumbing.carpool import Carpool
+from plumbing.retry import wait_first
 from producers.jobs.repository import Flow, JobRepository
 from producers.lag.monitor import LagMonitor
 from producers.metrics import IN_FLIGHT, LATENCY_W, LITTLE_L

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from starlette.types import Receive
 
-from plumbing.aio import wait_first
 from plumbing.notify import JobNotice
+from plumbing.retry import wait_first
 from producers.jobs.repository import JobRepository
 from schemas import reasons
 from schemas.errors import InvalidRequest, JobNotFound

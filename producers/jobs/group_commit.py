@@ -31,7 +31,7 @@ from typing import Protocol
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from plumbing.aio import wait_first
+from plumbing.retry import wait_first
 from plumbing.settings.api import ApiSettings
 from producers.jobs.submit_repository import Stored
 from producers.metrics import SUBMIT_GROUP

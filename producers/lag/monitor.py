@@ -26,7 +26,7 @@ from typing import Protocol
 from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError
 
-from plumbing.aio import wait_first
+from plumbing.retry import wait_first
 from producers.lag import rule
 from producers.lag.estimate import LagEstimate
 from producers.lag.rule import LagSnapshot, LagState, Reading

@@ -29,9 +29,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from plumbing.activity import QUIET_S
-from plumbing.aio import wait_first
 from plumbing.retry import count as count_retry
-from plumbing.retry import outage
+from plumbing.retry import outage, wait_first
 from producers.metrics import RECONCILED
 from producers.outbox import rule
 from producers.outbox.config import OutboxConfig

@@ -18,11 +18,10 @@ import logging
 
 import asyncpg
 
-from plumbing.aio import wait_first
 from plumbing.db import libpq_url
 from plumbing.mark_store import Acked, OutboxRow
 from plumbing.publisher import Publisher, Target
-from plumbing.retry import Stopped, outage, retrying
+from plumbing.retry import Stopped, outage, retrying, wait_first
 from producers.metrics import RELAY_PUBLISHED
 from producers.outbox.config import OutboxConfig
 from producers.outbox.repository import OutboxStore, Round

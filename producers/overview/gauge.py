@@ -14,8 +14,8 @@ from prometheus_client import Gauge
 from sqlalchemy.exc import DBAPIError
 
 from plumbing.activity import QUIET_S, Activity
-from plumbing.aio import wait_first
 from plumbing.carpool import Carpool
+from plumbing.retry import wait_first
 from producers.metrics import JOBS_BY_STATE
 from producers.overview.repository import UNENDED, OverviewStore
 

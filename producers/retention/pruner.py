@@ -17,9 +17,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from plumbing.aio import wait_first
 from plumbing.retry import count as count_retry
-from plumbing.retry import outage
+from plumbing.retry import outage, wait_first
 from plumbing.settings.retention import RetentionSettings
 from producers.metrics import PRUNED
 from producers.retention.repository import RetentionStore

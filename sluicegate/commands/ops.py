@@ -17,7 +17,7 @@ from rich.live import Live
 from rich.text import Text
 
 from client.api import ApiError, SluicegateClient, Unreachable
-from plumbing.aio import wait_first
+from plumbing.retry import wait_first
 from plumbing.settings import Settings
 from schemas.batches import InvalidCompletionWindow, window_seconds
 from sluicegate.commands import views

@@ -25,9 +25,8 @@ from typing import Protocol
 from prometheus_client import Counter as MetricCounter
 from prometheus_client import Gauge
 
-from plumbing.aio import wait_first
 from plumbing.metrics import registry
-from plumbing.retry import Stopped, outage, retrying
+from plumbing.retry import Stopped, outage, retrying, wait_first
 from plumbing.retry import count as count_retry
 from schemas.constants import M_DEAD_LETTERED
 from schemas.webhooks import (
