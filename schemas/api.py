@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from schemas.constants import DEFAULT_MODEL
-from schemas.jobs import Job, JobKind, Priority
+from schemas.jobs import GraphProgress, Job, JobKind, Priority
 from schemas.sampling import SamplingFields, SummaryOptions, summary_params
 from schemas.states import JobState
 
@@ -104,6 +105,21 @@ class BulkAnswers(BaseModel):
     data: list[BulkAnswer] = Field(description="One answer a job, in the request's order")
 
 
+class GraphView(BaseModel):
+    """A document summarized in parts: ``chunks`` jobs summarize its chunks (level 0), then
+    reduce jobs combine their summaries, level by level, until one is left. ``level`` is
+    the level running now, of ``levels`` planned; ``ended`` of its ``total`` jobs ended.
+    The tokens are those of the jobs ended so far."""
+
+    chunks: int
+    level: int
+    levels: int
+    total: int
+    ended: int
+    prompt_tokens: int
+    output_tokens: int
+
+
 class JobView(BaseModel):
     id: str
     tenant: str
@@ -135,6 +151,15 @@ class JobView(BaseModel):
     # dispatched jobs submitted before it) and when it may start at the measured drain rate.
     queue_position: int | None = None
     expected_start_at: datetime | None = None
+    parent_id: str | None = Field(
+        default=None, description="A part of a document's graph: the document's job"
+    )
+    level: int | None = Field(
+        default=None, description="A part's level in its graph: 0 a chunk, 1 and up a reduce"
+    )
+    graph: GraphView | None = Field(
+        default=None, description="A document too long for its engine: its graph's progress"
+    )
 
     @classmethod
     def of(
@@ -144,6 +169,7 @@ class JobView(BaseModel):
         *,
         queue_position: int | None = None,
         expected_start_at: datetime | None = None,
+        graph: GraphProgress | None = None,
     ) -> JobView:
         return cls(
             id=job.id,
@@ -172,6 +198,9 @@ class JobView(BaseModel):
             status_url=status_url,
             queue_position=queue_position,
             expected_start_at=expected_start_at,
+            parent_id=job.parent_id,
+            level=job.level,
+            graph=GraphView(**asdict(graph)) if graph is not None else None,
         )
 
 

@@ -49,6 +49,14 @@ class JobAlreadyTerminal(SluicegateError):
     status = 409
 
 
+class JobOfDocument(SluicegateError):
+    """The job is a part of a document's graph: it ends with its document, which is the
+    one to cancel."""
+
+    code = "job_of_document"
+    status = 409
+
+
 class IdempotencyConflict(SluicegateError):
     """The Idempotency-Key was already used with a different request."""
 

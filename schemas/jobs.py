@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -102,6 +103,8 @@ class Job:
     batch_id: str | None = None
     custom_id: str | None = None
     params: dict[str, Any] | None = None  # model and sampling parameters, those given
+    parent_id: str | None = None  # a part of a document's graph: its document
+    level: int | None = None  # and its level (0: a chunk; 1 and up: a reduce)
 
     @property
     def model(self) -> str | None:
@@ -135,4 +138,66 @@ def job_from_row(row: Mapping[Any, Any]) -> Job:
         batch_id=str(row["batch_id"]) if row["batch_id"] is not None else None,
         custom_id=row["custom_id"],
         params=row.get("params"),
+        parent_id=str(row["parent_id"]) if row.get("parent_id") is not None else None,
+        level=row.get("level"),
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraphProgress:
+    """A document summarized as a graph of jobs: its chunks, the level whose jobs run now
+    (0: the chunks), how many levels were planned, and of the level's jobs how many ended;
+    the tokens of the jobs that ended so far."""
+
+    chunks: int
+    level: int
+    levels: int
+    total: int
+    ended: int
+    prompt_tokens: int
+    output_tokens: int
+
+
+# The shape of a document's graph, from its size alone: how many chunks and levels a
+# document of so many prompt tokens makes on an engine of so much context. The worker cuts
+# by the engine's own tokenizer (workers/graph); the API judges a whole graph's deadline by
+# this estimate before anything is stored.
+SAFETY = 0.95  # of the room left once the instruction and the output are counted
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraphShape:
+    chunks: int
+    levels: int  # the map included
+    jobs: int  # chunks and reduces together
+
+
+def fan_in(budget_tokens: int, max_tokens: int) -> int:
+    """Most summaries of ``max_tokens`` each that one reduce's prompt holds (0: fewer than
+    two, so the document cannot be reduced)."""
+    fits = budget_tokens // (max_tokens + 2)  # a summary and its separator
+    return fits if fits >= 2 else 0
+
+
+def reduce_levels(jobs: int, most: int) -> int:
+    """Levels of reduces that bring ``jobs`` summaries down to one, ``most`` at a time."""
+    if jobs <= 1:
+        return 0
+    return max(1, math.ceil(math.log(jobs) / math.log(most) - 1e-9))
+
+
+def shape(prompt_tokens: int, max_tokens: int, context: int) -> GraphShape | None:
+    """The graph a summarize job of ``prompt_tokens`` makes on an engine of ``context``
+    tokens; None when it fits whole (or cannot be cut: its worker says why)."""
+    if prompt_tokens + max_tokens <= context:
+        return None
+    budget = int((context - max_tokens) * SAFETY)
+    most = fan_in(budget, max_tokens)
+    if most == 0:
+        return None
+    chunks = math.ceil(prompt_tokens / budget)
+    jobs, level = chunks, chunks
+    while level > 1:
+        level = math.ceil(level / most)
+        jobs += level
+    return GraphShape(chunks=chunks, levels=1 + reduce_levels(chunks, most), jobs=jobs)

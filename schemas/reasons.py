@@ -9,6 +9,8 @@ DEADLINE_UNREACHABLE = "deadline_unreachable"
 HEARTBEAT_LAPSED = "heartbeat_lapsed"
 CANCELLED = "cancelled"
 DISCONNECTED = "disconnected"
+DOCUMENT_ENDED = "document_ended"  # a job of a document's graph, ended with its document
+GRAPHED = "graphed"  # a document's record read again after it became a graph
 
 MESSAGES = {
     DEADLINE_PASSED: "the deadline passed before the job finished",
@@ -16,6 +18,8 @@ MESSAGES = {
     HEARTBEAT_LAPSED: "the caller stopped polling for longer than abandon_after_s",
     CANCELLED: "cancelled by the caller",
     DISCONNECTED: "the caller's waiting connection closed",
+    DOCUMENT_ENDED: "its document ended (cancelled, expired, abandoned, or another part failed)",
+    GRAPHED: "the document is being summarized in parts",
 }
 
 

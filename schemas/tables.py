@@ -85,6 +85,13 @@ jobs = Table(
     # A batch's job waiting in PostgreSQL for the meter to release it into the dispatch
     # topic (producers/batches/meter.py); false once released, and for every single job.
     Column("held", Boolean, nullable=False, server_default=text("false")),
+    # A part of a document's graph (docs/graphs.md): its document, level (0: a chunk; 1
+    # and up: a reduce) and place in the level.
+    Column(
+        "parent_id", UUID(as_uuid=False), ForeignKey("jobs.id", ondelete="CASCADE"), nullable=True
+    ),
+    Column("level", Integer, nullable=True),
+    Column("seq", Integer, nullable=True),
     CheckConstraint(_one_of("state", JobState), name="state"),
     CheckConstraint("abandon_after_s > 0", name="abandon_after_s"),
     CheckConstraint(_one_of("kind", JobKind), name="kind"),
@@ -116,6 +123,14 @@ jobs = Table(
         "dispatch_offset",
         postgresql_where=text("state IN ('dispatched', 'running') AND dispatch_offset IS NOT NULL"),
     ),
+    # A document's jobs, level by level, in order.
+    Index(
+        "ix_jobs_parent_id_level_seq",
+        "parent_id",
+        "level",
+        "seq",
+        postgresql_where=text("parent_id IS NOT NULL"),
+    ),
     # The meter's queue: each tenant's held jobs, earliest deadline first.
     Index("ix_jobs_held", "tenant", "deadline", "id", postgresql_where=text("held")),
     # The backlog the meter fills up to: jobs released (or submitted) and not ended.
@@ -124,6 +139,30 @@ jobs = Table(
         "batch_id",
         postgresql_where=text("NOT held AND state IN ('queued', 'dispatched', 'running')"),
     ),
+)
+
+# A document summarized as a graph of jobs (docs/graphs.md): the level running, its jobs
+# and how many ended, the usage so far. A part's end counts itself here in the statement
+# that writes it; the last of a level makes the next level, or ends the document.
+graphs = Table(
+    "graphs",
+    metadata,
+    Column(
+        "job_id", UUID(as_uuid=False), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    ),
+    Column("chunks", Integer, nullable=False),  # the map's jobs
+    Column("level", Integer, nullable=False, server_default=text("0")),
+    Column("total", Integer, nullable=False),  # jobs of the level
+    Column("ended", Integer, nullable=False, server_default=text("0")),  # of them, ended
+    Column("levels", Integer, nullable=False),  # levels planned at the split, the map included
+    Column("fan_in", Integer, nullable=False),  # most summaries one reduce job combines
+    Column("budget_tokens", Integer, nullable=False),  # prompt tokens one child may take
+    Column("level_s", Float, nullable=False),  # seconds kept back for each reduce level
+    Column("prompt_tokens", BigInteger, nullable=False, server_default=text("0")),
+    Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("ended <= total", name="ended"),
 )
 
 outbox = Table(
@@ -353,6 +392,9 @@ workers = Table(
     Column("capacity", Integer, nullable=False),  # jobs it may run at once
     Column("running", Integer, nullable=False),
     Column("kv_usage", Float, nullable=True),  # fraction of its KV cache (or slots) in use
+    # Tokens one request's prompt and output may hold together on its engine (None: not
+    # known): the API judges a document's graph by it before storing it.
+    Column("context_tokens", Integer, nullable=True),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

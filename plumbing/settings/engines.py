@@ -36,6 +36,12 @@ class SimSettings(SettingsGroup):
     sim_max_num_batched_tokens: int = Field(
         default=8192, ge=1, description="Tokens one simulated step processes at most (vLLM's)."
     )
+    sim_max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        description="Tokens one request's prompt and output may hold together (vLLM's "
+        "`max_model_len`); a longer summarize job becomes a graph. Unset: the whole cache's.",
+    )
 
 
 class VllmSettings(SettingsGroup):
