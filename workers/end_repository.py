@@ -16,10 +16,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from plumbing.at_once import AtOnce
 from plumbing.carpool import Carpool
+from plumbing.db import transaction
 from plumbing.mark_store import MARKS, Mark, OutboxRow
 from plumbing.mark_store import params as marked
 from schemas.envelopes import JobEvent
 from schemas.states import JobState
+from workers.graph.repository import Child, GraphWriter, child_end
 from workers.repository import Claimed
 
 _FINISH = """
@@ -49,11 +51,17 @@ class EndRepository:
         events_topic: str,
         at_once: AtOnce | None = None,
         carpool: Carpool | None = None,
+        graphs: GraphWriter | None = None,
     ) -> None:
+        """``graphs``: writes the step a document's job's end triggers (by default, for
+        the events topic and the first pool)."""
         self._engine = engine
         self._events_topic = events_topic
         self.at_once = at_once  # publishes the events at once
         self._carpool = carpool or Carpool(0.0)
+        self.graphs = graphs or GraphWriter(
+            engine, events_topic=events_topic, dispatch_topic="jobs.dispatch"
+        )
 
     async def finish(
         self,
@@ -74,6 +82,9 @@ class EndRepository:
         if not state.terminal:
             raise ValueError(f"{state} is not terminal")
         now = at or datetime.now(UTC)
+        if job.parent_id is not None:
+            child = Child(parent_id=job.parent_id, level=job.level or 0)
+            return await self._child(job, child, state, result, error, decoded_tokens, now)
         event = JobEvent(
             job_id=job.id,
             tenant=job.tenant,
@@ -119,6 +130,42 @@ class EndRepository:
                 [OutboxRow(id=event_id, topic=self._events_topic, key=job.id, payload=payload)]
             )
         return True
+
+    async def _child(
+        self,
+        job: Claimed,
+        child: Child,
+        state: JobState,
+        result: dict[str, Any] | None,
+        error: dict[str, Any] | None,
+        decoded_tokens: int | None,
+        now: datetime,
+    ) -> bool:
+        """A document's job's end: no event of its own; counted in its graph, and the step
+        that count triggers, in one transaction (the claim's it rides in, or its own)."""
+
+        async def write(conn: AsyncConnection) -> bool:
+            counted = await child_end(
+                conn,
+                child,
+                job_id=job.id,
+                attempt=job.attempt,
+                state=state,
+                result=result,
+                error=error,
+                decoded_tokens=decoded_tokens,
+                at=now,
+            )
+            await self.graphs.after_end(conn, child, counted, state, error, now)
+            return counted.written
+
+        async def alone() -> bool:
+            async with transaction(self._engine) as conn:
+                return await write(conn)
+
+        return bool(
+            await self._carpool.ride(write, alone, locks=[child.parent_id, job.id], undo=None)
+        )
 
     async def _write(self, params: dict[str, Any]) -> int | None:
         """The statement alone, with the marks waiting."""

@@ -20,10 +20,13 @@ from schemas.states import JobState
 from workers.control import Control, Running
 from workers.end_repository import EndRepository
 from workers.engines.base import GenerationRequest, InferenceEngine
-from workers.engines.errors import EngineAborted
-from workers.gate import Drop, PreDecodeGate
+from workers.engines.errors import EngineAborted, EngineError
+from workers.gate import Drop, PreDecodeGate, too_long
+from workers.graph.splitter import CannotSplit, Splitter
 from workers.metrics import (
     ABORTED,
+    CHUNKS,
+    GRAPHS,
     JOB_SECONDS,
     JOBS_FINISHED,
     JOBS_STARTED,
@@ -35,7 +38,6 @@ from workers.repository import Claimed, WorkerRepository
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
 
 
 class Progress(Protocol):
@@ -76,6 +78,7 @@ class Executor:
         self.control = control
         self._predecode = predecode
         self._takeover_grace_s = takeover_grace_s
+        self._splitter = Splitter(engine)
         # A batch cancel fences off every attempt of its running jobs at once: the first,
         # then one line counting the rest.
         self.fenced = Tally(
@@ -93,7 +96,13 @@ class Executor:
             return await self._retrying(
                 lambda: self._repo.claim_batch(
                     job_ids,
-                    lambda job: self._predecode.verdict(job, datetime.now(UTC)),
+                    lambda job: self._predecode.verdict(
+                        job,
+                        datetime.now(UTC),
+                        whole=not too_long(
+                            self._engine, job.kind, job.prompt_tokens, job.max_tokens
+                        ),
+                    ),
                     self._engine.count_tokens,
                 ),
                 stop,
@@ -126,6 +135,9 @@ class Executor:
 
     async def _attempt(self, job: Claimed, progress: Progress) -> bool:
         """One attempt; whether the job is terminal after it (ended here or elsewhere)."""
+        graphed = await self._as_graph(job, progress)
+        if graphed is not None:
+            return graphed
         running = self.control.track(job, f"{job.id}:{job.attempt}")
         try:
             decoded = await self._decode(running, progress)
@@ -142,6 +154,42 @@ class Executor:
         finally:
             self.control.untrack(running)
         return ended or await self._retrying(lambda: self._repo.is_terminal(job.id))
+
+    async def _as_graph(self, job: Claimed, progress: Progress) -> bool | None:
+        """A document too long for the engine, cut into a graph of jobs in place of its
+        run: whether it is done here (graphed, or ended elsewhere); None: it runs whole."""
+        try:
+            split = await self._splitter.split(
+                job,
+                datetime.now(UTC),
+                self._predecode.speed.service_s(prompt_tokens=0, output_tokens=job.max_tokens),
+            )
+        except CannotSplit as exc:
+            progress.ended()
+            error = {"code": exc.code, "message": str(exc)}
+            return await self._finish(job, JobState.FAILED, error=error, decoded_tokens=0)
+        except EngineError:
+            return None  # the engine cannot measure it now: its run fails or waits as any
+        if split is None:
+            return None
+        progress.ended()  # it holds no KV: it is never decoded whole
+        plan = split.plan
+        written = await asyncio.shield(
+            self._retrying(lambda: self._repo.graphs.make(job.id, job.attempt, plan, split.level_s))
+        )
+        if written:
+            GRAPHS.inc()
+            CHUNKS.inc(len(plan.chunks))
+            log.info(
+                "job %s: %d prompt tokens over the engine's context; cut into %d chunks "
+                "(%d levels)",
+                job.id,
+                job.prompt_tokens,
+                len(plan.chunks),
+                plan.levels,
+            )
+            return True
+        return await self._retrying(lambda: self._repo.is_terminal(job.id))
 
     async def _take_back(self, job: Claimed) -> Claimed | None:
         """Claim a job back from the attempt that took it over, once that attempt had
@@ -295,7 +343,6 @@ class Executor:
         succeeds or ``stop`` is set (``Stopped``); the record stays uncommitted meanwhile.
         Any other error is raised."""
         return await retrying("worker", op, stop=stop)
-
 
 
 async def _close(stream: object) -> None:

@@ -16,13 +16,13 @@ deadline by running faster than the engine measurably runs, is dropped without a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from schemas import reasons
-from schemas.envelopes import DispatchEnvelope
+from schemas.envelopes import DispatchEnvelope, JobEvent
 from schemas.jobs import JobKind
 from schemas.states import JobState
 from workers.engines.base import Capacity, InferenceEngine
@@ -105,6 +105,8 @@ class PullGate:
         cap = self._engine.capacity()  # one reading for the whole decision
         if not self._room(cap):
             return False
+        if self.splits(envelope):
+            return True  # cut into a graph of jobs, never decoded whole: it holds no KV
         if self.policy == "greedy":
             return True
         if cap.total_blocks <= 0:
@@ -130,8 +132,15 @@ class PullGate:
         return max(self.ledger.running, cap.running + cap.waiting) < cap.total_blocks
 
     def started(self, envelope: DispatchEnvelope) -> JobProgress:
+        if self.splits(envelope):
+            return JobProgress(self, envelope, released=True)
         self.reserve(envelope)
         return JobProgress(self, envelope)
+
+    def splits(self, envelope: DispatchEnvelope) -> bool:
+        """A document longer than the engine's context, by the record's estimate: it will
+        be cut into a graph of jobs, each of which fits (``workers.graph``)."""
+        return too_long(self._engine, envelope.kind, envelope.prompt_tokens, envelope.max_tokens)
 
     def reserve(self, envelope: DispatchEnvelope) -> None:
         """The job's KV need, held until it ``finished``."""
@@ -217,15 +226,16 @@ class PreDecodeGate:
         self._expected = expected
         self.drop_unreachable = drop_unreachable
 
-    def verdict(self, job: Candidate, now: datetime) -> Drop | None:
-        """None: hand the job to the engine now. A Drop: never."""
+    def verdict(self, job: Candidate, now: datetime, *, whole: bool = True) -> Drop | None:
+        """None: hand the job to the engine now. A Drop: never. ``whole`` False: a document
+        to be cut into a graph, whose speed is judged per part, not as one prompt."""
         if job.state.terminal:
             return Drop(state=job.state, reason=job.reason or job.state.value, write=False)
         if job.deadline <= now:
             return Drop(state=JobState.EXPIRED, reason=reasons.DEADLINE_PASSED)
         if lease_lapsed(job.abandon_after_s, job.last_seen_at, job.db_now):
             return Drop(state=JobState.ABANDONED, reason=reasons.HEARTBEAT_LAPSED)
-        if self.drop_unreachable:
+        if self.drop_unreachable and whole:
             service_s = self.speed.service_s(
                 prompt_tokens=job.prompt_tokens,
                 output_tokens=self._expected.tokens(job.kind, job.max_tokens),
@@ -237,3 +247,63 @@ class PreDecodeGate:
 
 def lease_lapsed(abandon_after_s: float | None, last_seen_at: datetime, now: datetime) -> bool:
     return abandon_after_s is not None and now - last_seen_at > timedelta(seconds=abandon_after_s)
+
+
+def too_long(engine: InferenceEngine, kind: JobKind, prompt_tokens: int, max_tokens: int) -> bool:
+    """A summarize job whose prompt and output exceed what one request of ``engine`` holds."""
+    if kind is not JobKind.SUMMARIZE:
+        return False
+    context = engine.context_tokens()
+    return context is not None and prompt_tokens + max_tokens > context
+
+
+# What the worker's repository makes of a job's row: the pre-decode gate's candidate, the
+# reason a stopped job gives, and the outbox row of a job event.
+
+
+def reason_of(error: Mapping[Any, Any] | None, state: str) -> str:
+    if not error:
+        return state
+    return str(error.get("reason") or error.get("code") or state)
+
+
+def candidate_of(
+    row: Mapping[Any, Any], prompt_tokens: int, document: Mapping[Any, Any] | None = None
+) -> Candidate:
+    """``document``: the row of the document ``row`` is a job of, whose lease it keeps (the
+    caller polls the document, not its parts)."""
+    lease = document if document is not None else row
+    return Candidate(
+        job_id=str(row["id"]),
+        state=JobState(row["state"]),
+        kind=JobKind(row["kind"]),
+        prompt_tokens=prompt_tokens,
+        max_tokens=row["max_tokens"],
+        deadline=row["deadline"],
+        abandon_after_s=lease["abandon_after_s"],
+        last_seen_at=lease["last_seen_at"],
+        db_now=row["db_now"],
+        reason=reason_of(row["error"], row["state"]),
+    )
+
+
+def event_row(
+    topic: str,
+    row: Mapping[Any, Any],
+    state: JobState,
+    attempt: int,
+    at: datetime,
+    error: Mapping[str, Any],
+) -> dict[str, object]:
+    """An outbox row announcing the job's (``row``: id, tenant, callback_url) new state."""
+    event = JobEvent(
+        job_id=str(row["id"]),
+        tenant=row["tenant"],
+        state=state,
+        attempt=attempt,
+        at=at,
+        callback_url=row["callback_url"],
+        error_code=error.get("code"),
+        in_batch=row["batch_id"] is not None,
+    )
+    return event.outbox_row(topic, event.job_id)

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 WORKER = registry("worker")
 JOBS_STARTED = Counter(constants.M_JOBS_STARTED, "Jobs handed to the engine", registry=WORKER)
+GRAPHS = Counter(
+    constants.M_GRAPHS, "Documents too long for the engine, cut into graphs", registry=WORKER
+)
+CHUNKS = Counter(constants.M_GRAPH_CHUNKS, "Chunk jobs those graphs were cut into", registry=WORKER)
 JOBS_FINISHED = Counter(
     constants.M_JOBS_FINISHED, "Terminal states written", ["state"], registry=WORKER
 )

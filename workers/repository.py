@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, cast, func, insert, literal, select, text, update
+from sqlalchemy import Select, case, cast, func, insert, literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -24,8 +24,14 @@ from schemas.states import CLAIMABLE_STATES, JobState
 from schemas.tables import jobs, outbox
 from workers.dead_letter_store import set_aside
 from workers.engines.base import SamplingParams
-from workers.gate import Candidate, Drop
-from workers.job_rows import candidate_of, event_row, reason_of
+from workers.gate import Candidate, Drop, candidate_of, event_row, reason_of
+from workers.graph.repository import (
+    GRAPHED,
+    GraphWriter,
+    document_error,
+    split_rows,
+    with_documents,
+)
 
 Judge = Callable[[Candidate], Drop | None]
 
@@ -49,6 +55,8 @@ class Claimed:
     in_batch: bool | None = None  # one of a batch's jobs (None: not known)
     prompt_tokens: int = 0
     sampling: SamplingParams | None = None  # the request's model and sampling parameters
+    parent_id: str | None = None  # a job of a document's graph: its document
+    level: int | None = None  # and its level (0: a chunk)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +84,8 @@ _CLAIM_COLUMNS = (
     jobs.c.error,
     jobs.c.params,
     jobs.c.batch_id,
+    jobs.c.parent_id,
+    jobs.c.level,
 )
 
 
@@ -103,12 +113,16 @@ class WorkerRepository:
         events_topic: str,
         dead_letter_topic: str = "dead-letter",
         carpool: Carpool | None = None,
+        dispatch_topic: str = "jobs.dispatch",
     ) -> None:
-        """``carpool``: the job ends waiting to ride in the next claim's transaction."""
+        """``carpool``: the job ends waiting to ride in the next claim's transaction.
+        ``dispatch_topic``: the pool's, where a graph's jobs go when their document names
+        none."""
         self._engine = engine
         self._events_topic = events_topic
         self._dead_letter_topic = dead_letter_topic
         self._carpool = carpool or Carpool(0.0)
+        self.graphs = GraphWriter(engine, events_topic=events_topic, dispatch_topic=dispatch_topic)
 
     async def set_aside(self, *, subject: str, reason: str, payload: bytes) -> None:
         """A dispatch record this worker cannot run, dead-lettered with the reason."""
@@ -162,24 +176,17 @@ class WorkerRepository:
         async with riders.settling(), transaction(self._engine) as conn:
             if riders.riders:
                 await _run_riders(conn, riders, also=job_ids)
-            rows = (
-                (
-                    await conn.execute(
-                        select(*_CLAIM_COLUMNS, func.now().label("db_now"))
-                        .where(jobs.c.id.in_(job_ids))
-                        .order_by(jobs.c.id)
-                        .with_for_update()
-                    )
-                )
-                .mappings()
-                .all()
-            )
+            rows, documents = split_rows(await self._read(conn, job_ids))
             fit: dict[str, tuple[Mapping[Any, Any], int]] = {}
             drops: dict[str, tuple[Mapping[Any, Any], Drop]] = {}
             for row in rows:
                 job_id = str(row["id"])
+                if row["graphed"]:  # its graph runs: its record is let go
+                    out[job_id] = Drop(state=JobState.RUNNING, reason=reasons.GRAPHED, write=False)
+                    continue
                 prompt_tokens = count_tokens(row["input"])
-                drop = judge(candidate_of(row, prompt_tokens))
+                document = documents.get(row["parent_id"])
+                drop = judge(candidate_of(row, prompt_tokens, document))
                 if drop is None:
                     fit[job_id] = (row, prompt_tokens)
                 else:
@@ -193,6 +200,24 @@ class WorkerRepository:
             if drops:
                 await self._drop(conn, drops, now)
         return out
+
+    async def _read(self, conn: AsyncConnection, job_ids: list[str]) -> Sequence[Any]:
+        """The rows of ``job_ids`` and of the documents of those that are a document's jobs
+        (their input left out), locked in key order: a document before its jobs."""
+        wanted = jobs.c.id.in_(job_ids)
+        query = (
+            select(
+                *(c for c in _CLAIM_COLUMNS if c is not jobs.c.input),
+                case((wanted, jobs.c.input)).label("input"),
+                wanted.label("wanted"),
+                GRAPHED,
+                func.now().label("db_now"),
+            )
+            .where(with_documents(job_ids))
+            .order_by(jobs.c.id)
+            .with_for_update(of=jobs)
+        )
+        return (await conn.execute(query)).mappings().all()
 
     async def _claim(
         self, conn: AsyncConnection, job_ids: list[str], now: datetime
@@ -221,6 +246,7 @@ class WorkerRepository:
         now: datetime,
     ) -> None:
         groups: dict[Drop, list[str]] = defaultdict(list)
+        documents: dict[str, Drop] = {}
         for job_id, (_, drop) in drops.items():
             groups[drop].append(job_id)
         events = []
@@ -239,6 +265,9 @@ class WorkerRepository:
             )
             for r in result:
                 row = drops[str(r.id)][0]
+                if row["parent_id"] is not None:  # its document ends with it, and announces
+                    documents.setdefault(str(row["parent_id"]), drop)
+                    continue
                 events.append(
                     event_row(
                         self._events_topic,
@@ -251,6 +280,14 @@ class WorkerRepository:
                 )
         if events:
             await conn.execute(insert(outbox), events)
+        for parent_id, drop in documents.items():
+            await self.graphs.end_document(
+                conn,
+                parent_id,
+                drop.state,
+                document_error(drop.state, drop.error("before_decode")),
+                now,
+            )
 
     async def stopped(self, running: Mapping[str, int]) -> list[Stopped]:
         """Of the jobs running here (id -> attempt), those that must stop.
@@ -305,10 +342,13 @@ class WorkerRepository:
         ]
 
     async def is_terminal(self, job_id: str) -> bool:
-        """Whether the job has reached a terminal state (by any attempt, or a cancel)."""
+        """Whether the job has reached a terminal state (by any attempt, or a cancel), or
+        became a graph whose jobs run it (another attempt cut it)."""
         async with self._engine.connect() as conn:
-            state = await conn.scalar(select(jobs.c.state).where(jobs.c.id == job_id))
-        return state is None or JobState(state).terminal
+            row = (
+                await conn.execute(select(jobs.c.state, GRAPHED).where(jobs.c.id == job_id))
+            ).first()
+        return row is None or JobState(row.state).terminal or bool(row.graphed)
 
     async def record_decoded(self, job: Claimed, tokens: int) -> None:
         """The tokens an attempt decoded before it was stopped by someone else's write
@@ -342,6 +382,8 @@ def _claimed(row: Mapping[Any, Any], prompt_tokens: int, attempt: int) -> Claime
         in_batch=row["batch_id"] is not None,
         prompt_tokens=prompt_tokens,
         sampling=SamplingParams.from_stored(row["params"]),
+        parent_id=str(row["parent_id"]) if row["parent_id"] is not None else None,
+        level=row["level"],
     )
 
 
@@ -350,5 +392,5 @@ async def _run_riders(conn: AsyncConnection, riders: Boarded, also: Sequence[str
     first in one order."""
     locks = [*also, *riders.locks]
     if locks:
-        await conn.execute(locking_in_order(jobs, jobs.c.id.in_(locks)))
+        await conn.execute(locking_in_order(jobs, with_documents(locks)))
     await riders.run(conn)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from plumbing.at_once import at_once_of
+from plumbing.at_once import AtOnce, at_once_of
 from plumbing.carpool import Carpool
 from plumbing.db import make_engine
 from plumbing.kafka import close_client, make_consumer
@@ -44,6 +44,7 @@ def build_sim_engine(sim: SimSettings) -> SimEngine:
         max_num_seqs=sim.sim_max_num_seqs,
         max_num_batched_tokens=sim.sim_max_num_batched_tokens,
         time_scale=sim.sim_time_scale,
+        max_model_len=sim.sim_max_model_len,
     )
 
 
@@ -197,9 +198,28 @@ def claims(settings: Settings, db: AsyncEngine) -> tuple[Carpool, WorkerReposito
         events_topic=settings.events_topic,
         dead_letter_topic=settings.dead_letter_topic,
         carpool=carpool,
+        dispatch_topic=settings.dispatch_topic,
     )
     carpool.carry = repo.carry  # ends that no claim came for carry each other
     return carpool, repo
+
+
+def ends_of(
+    settings: Settings,
+    db: AsyncEngine,
+    repo: WorkerRepository,
+    at_once: AtOnce | None,
+    carpool: Carpool,
+) -> EndRepository:
+    """The worker's job ends: riding in its claims, published at once, and the steps its
+    graphs' parts trigger written with them."""
+    return EndRepository(
+        db,
+        events_topic=settings.events_topic,
+        at_once=at_once,
+        carpool=carpool,
+        graphs=repo.graphs,
+    )
 
 
 async def run_worker(
@@ -243,9 +263,7 @@ async def run_worker(
             executor = Executor(
                 engine=inference,
                 repo=repo,
-                ends=EndRepository(
-                    db, events_topic=settings.events_topic, at_once=at_once, carpool=carpool
-                ),
+                ends=ends_of(settings, db, repo, at_once, carpool),
                 control=control,
                 predecode=build_predecode(own, gate),
                 # A revoked owner's jobs end or are aborted within its drain.

@@ -53,6 +53,12 @@ class Counting:
     def count_tokens(self, text: str) -> int:
         return self.engine.count_tokens(text)
 
+    def context_tokens(self) -> int | None:
+        return self.engine.context_tokens()
+
+    async def prompt_tokens(self, request: GenerationRequest) -> int:
+        return await self.engine.prompt_tokens(request)
+
     def capacity(self) -> EngineCapacity:
         return self.engine.capacity()
 

@@ -71,19 +71,33 @@ def requests(n: int) -> list[GenerationRequest]:
 
 async def test_greedy_policy_ignores_the_cache(engine: SimEngine) -> None:
     gate = PullGate(engine, policy="greedy", max_running=50)
-    for i in range(50):
-        assert gate.admits(envelope(f"j{i}", prompt_tokens=5000))
-        gate.started(envelope(f"j{i}", prompt_tokens=5000))
+    for i in range(50):  # completions: a summary this long would be cut into a graph
+        assert gate.admits(envelope(f"j{i}", prompt_tokens=5000, kind=JobKind.COMPLETE))
+        gate.started(envelope(f"j{i}", prompt_tokens=5000, kind=JobKind.COMPLETE))
     assert not gate.admits(envelope("one-more"))
 
 
 async def test_a_job_larger_than_the_cache_starts_alone(engine: SimEngine) -> None:
     gate = PullGate(engine, watermark=0.0)
-    huge = envelope("huge", prompt_tokens=5000)
+    huge = envelope("huge", prompt_tokens=5000, kind=JobKind.COMPLETE)
     gate.started(envelope("small"))
     assert not gate.admits(huge)
     gate.finished("small")
     assert gate.admits(huge)  # the engine refuses it with request_too_large
+
+
+async def test_a_document_longer_than_the_context_is_let_in_holding_nothing(
+    engine: SimEngine,
+) -> None:
+    gate = PullGate(engine, watermark=0.0)
+    gate.started(envelope("small"))
+    long = envelope("long", prompt_tokens=5000)  # a summary: it is cut into a graph
+    assert gate.splits(long)
+    assert gate.admits(long)  # at once, beside the job running: it is never decoded whole
+    held = gate.reserved_blocks()
+    gate.started(long).ended()
+    assert gate.reserved_blocks() == held
+    assert not gate.splits(envelope("fits", prompt_tokens=50))
 
 
 async def test_observed_output_packs_more_jobs(engine: SimEngine) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from schemas.jobs import JobKind
 from tests.support.dispatch import envelope
 from workers.engines.base import Capacity
 from workers.gate import PullGate
@@ -29,6 +30,9 @@ class SlotEngine:
 
     def capacity(self) -> Capacity:
         return self.cap
+
+    def context_tokens(self) -> int | None:
+        return self.cap.slot_context
 
 
 def test_one_job_a_slot_whatever_its_size() -> None:
@@ -57,7 +61,7 @@ def test_slots_the_server_reports_busy_or_deferred_count_too() -> None:
 def test_a_job_larger_than_a_slot_starts_alone_for_the_engine_to_refuse() -> None:
     engine = SlotEngine()
     gate = PullGate(engine)  # type: ignore[arg-type]
-    big = envelope("big", prompt_tokens=1000, max_tokens=100)  # 1,100 > 1,024
+    big = envelope("big", prompt_tokens=1000, max_tokens=100, kind=JobKind.COMPLETE)  # > 1,024
     gate.started(envelope("small", prompt_tokens=10, max_tokens=10))
     assert not gate.admits(big)
     gate.finished("small")

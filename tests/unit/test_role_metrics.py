@@ -39,6 +39,8 @@ OWN: dict[Role, set[str]] = {
         c.M_AT_ONCE,
         c.M_RIDES,
         c.M_JOBS_STARTED,
+        c.M_GRAPHS,
+        c.M_GRAPH_CHUNKS,
         c.M_JOBS_FINISHED,
         c.M_JOBS_RUNNING,
         c.M_TOKENS_DECODED,

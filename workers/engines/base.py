@@ -173,6 +173,17 @@ class InferenceEngine(Protocol):
         engine's tokenizer is remote)."""
         ...
 
+    def context_tokens(self) -> int | None:
+        """Tokens one request's prompt and output may hold together: llama.cpp's slot
+        context, vLLM's ``max_model_len``. None: not known yet."""
+        ...
+
+    async def prompt_tokens(self, request: GenerationRequest) -> int:
+        """The request's prompt tokens exactly as this engine builds and counts them (its
+        instruction and chat template included): the tokenizer's, a round trip where it
+        is remote. A summarize job longer than ``context_tokens`` is cut by this count."""
+        ...
+
     def capacity(self) -> Capacity: ...
 
     def generate(self, request: GenerationRequest) -> Generation:

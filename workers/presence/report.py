@@ -64,6 +64,7 @@ class Presence:
             capacity=capacity,
             running=self._gate.ledger.running,
             kv_usage=cap.usage if cap.total_blocks > 0 else None,
+            context_tokens=self._engine.context_tokens(),
         )
 
     async def _write(self, report: WorkerReport) -> bool:

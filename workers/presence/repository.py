@@ -23,6 +23,7 @@ class WorkerReport:
     capacity: int
     running: int
     kv_usage: float | None
+    context_tokens: int | None = None
 
 
 class PresenceRepository:

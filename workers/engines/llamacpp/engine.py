@@ -148,6 +148,20 @@ class LlamaCppEngine:
     def count_tokens(self, text: str) -> int:
         return estimate_tokens(text)
 
+    def context_tokens(self) -> int | None:
+        return self._slot_context or None
+
+    async def prompt_tokens(self, request: GenerationRequest) -> int:
+        client = self._client
+        if client is None:
+            raise EngineNotRunning("the llama.cpp engine is not started (or already closed)")
+        try:
+            return await self.prompt_tokens_of(
+                client, chat_messages(request.kind, request.input, request.instruction)
+            )
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"{self.base_url}: {exc!r}") from exc
+
     def capacity(self) -> Capacity:
         return self._capacity
 
@@ -184,7 +198,7 @@ class LlamaCppEngine:
             **openai_sampling(request.sampling),  # a job's temperature over the engine's
         }
         try:
-            prompt_tokens = await self.prompt_tokens(client, messages)
+            prompt_tokens = await self.prompt_tokens_of(client, messages)
             if prompt_tokens + request.max_tokens > self._slot_context:
                 items.put_nowait(
                     RequestTooLarge(
@@ -204,7 +218,9 @@ class LlamaCppEngine:
         except Exception as exc:  # a malformed answer: fail the request rather than hang it
             items.put_nowait(EngineError(f"unreadable answer from {self.base_url}: {exc!r}"))
 
-    async def prompt_tokens(self, client: httpx.AsyncClient, messages: list[dict[str, str]]) -> int:
+    async def prompt_tokens_of(
+        self, client: httpx.AsyncClient, messages: list[dict[str, str]]
+    ) -> int:
         """Tokens of the prompt as the server builds it (chat template, special tokens)."""
         templated = await client.post("/apply-template", json={"messages": messages})
         prompt = templated.raise_for_status().json()["prompt"]

@@ -63,6 +63,7 @@ class SimEngine:
         max_num_batched_tokens: int = 8192,
         max_num_seqs: int = 256,
         time_scale: float = 1.0,
+        max_model_len: int | None = None,
     ) -> None:
         if time_scale < 0:
             raise ValueError("time_scale must be >= 0")
@@ -75,6 +76,8 @@ class SimEngine:
             max_num_seqs=max_num_seqs,
         )
         self._time_scale = time_scale
+        # vLLM's max_model_len: a request's prompt and output together (None: the cache's).
+        self.max_model_len = max_model_len or blocks * block_size
         self._streams: dict[str, _Stream] = {}
         self._work = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
@@ -96,6 +99,12 @@ class SimEngine:
 
     def count_tokens(self, text: str) -> int:
         return count_tokens(text)
+
+    def context_tokens(self) -> int | None:
+        return self.max_model_len
+
+    async def prompt_tokens(self, request: GenerationRequest) -> int:
+        return sim_prompt_tokens(request)
 
     def capacity(self) -> Capacity:
         s = self._scheduler
@@ -132,6 +141,12 @@ class SimEngine:
             yield Finished(finish_reason(pieces, request.max_tokens))
             return
         prompt_tokens = sim_prompt_tokens(request)
+        if prompt_tokens + request.max_tokens > self.max_model_len:
+            raise RequestTooLarge(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {prompt_tokens + request.max_tokens} tokens "
+                f"({prompt_tokens} in the messages, {request.max_tokens} in the completion)."
+            )
         allocator = self._scheduler.allocator
         if allocator.blocks_for(prompt_tokens + len(pieces)) > allocator.num_blocks:
             raise RequestTooLarge(

@@ -201,6 +201,25 @@ class VllmHttpEngine:
         ``/tokenize`` is a round trip this synchronous call cannot make."""
         return estimate_tokens(text)
 
+    def context_tokens(self) -> int | None:
+        return self.max_model_len
+
+    async def prompt_tokens(self, request: GenerationRequest) -> int:
+        """vLLM's ``POST /tokenize`` of the prompt (``entrypoints/serve/tokenize``): its
+        ``count``."""
+        client = self._client
+        if client is None:
+            raise EngineNotRunning("the vLLM HTTP engine is not started (or already closed)")
+        body = {
+            "model": self.model,
+            "prompt": build_prompt(request.kind, request.input, request.instruction),
+        }
+        try:
+            answer = (await client.post("/tokenize", json=body)).raise_for_status().json()
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"{self.base_url}: {exc!r}") from exc
+        return int(answer["count"])
+
     def capacity(self) -> Capacity:
         return self._capacity
 

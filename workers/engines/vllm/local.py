@@ -180,6 +180,12 @@ class VllmLocalEngine:
             raise EngineNotRunning("the vLLM engine is not started (or already closed)")
         return len(self._tokenizer.encode(text))
 
+    def context_tokens(self) -> int | None:
+        return self._max_model_len or None
+
+    async def prompt_tokens(self, request: GenerationRequest) -> int:
+        return self.count_tokens(build_prompt(request.kind, request.input, request.instruction))
+
     def capacity(self) -> Capacity:
         """Blocks and queue as of the engine's last reported step (see the class docstring);
         zero blocks before ``start()``."""

@@ -1,0 +1,147 @@
+"""How a document is cut into chunks and how summaries are grouped into reduces: pure
+functions, measured in tokens by a counter the caller gives.
+
+A document is cut on its structure: sections (a heading starts one), then paragraphs (blank
+lines), then sentences, then words, so a chunk ends where the text does whenever it can. Each
+chunk but the first begins with the last sentences of the one before it (``overlap``), so a
+statement cut at a boundary is read whole once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from schemas.jobs import reduce_levels
+
+Count = Callable[[str], int]
+
+_PARAGRAPHS = re.compile(r"\n\s*\n")
+_HEADING = re.compile(r"^(#{1,6}\s|[A-Z0-9][^\n]{0,80}\n[=\-~^]{3,}\s*$)")
+_SENTENCES = re.compile(r"(?<=[.!?…])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+SEPARATOR = "\n\n"  # between the summaries a reduce combines
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A document's graph as it is cut: its chunks, what one child may take, how many
+    summaries one reduce combines, and how many levels that makes (the map included)."""
+
+    chunks: list[str]
+    budget_tokens: int
+    fan_in: int
+
+    @property
+    def levels(self) -> int:
+        return 1 + reduce_levels(len(self.chunks), self.fan_in)
+
+
+def blocks(text: str) -> list[str]:
+    """The document's paragraphs (a heading is one), stripped, in order."""
+    return [b.strip() for b in _PARAGRAPHS.split(text.replace("\r\n", "\n")) if b.strip()]
+
+
+def is_heading(block: str) -> bool:
+    return bool(_HEADING.match(block)) and "\n" not in block.strip("=-~^ \n").split("\n", 1)[-1]
+
+
+def sentences(block: str) -> list[str]:
+    return [s for s in _SENTENCES.split(block) if s.strip()]
+
+
+def _words(piece: str, budget: int, count: Count) -> list[str]:
+    """A piece with no sentence boundary, cut into runs of words under ``budget``; a run of
+    one word over it (no spaces at all) is cut by characters."""
+    out: list[str] = []
+    current: list[str] = []
+    for word in piece.split():
+        if current and count(" ".join([*current, word])) > budget:
+            out.append(" ".join(current))
+            current = []
+        current.append(word)
+    if current:
+        out.append(" ".join(current))
+    cut: list[str] = []
+    for run in out:
+        while count(run) > budget and len(run) > 1:
+            size = max(1, len(run) * budget // max(1, count(run)))
+            cut.append(run[:size])
+            run = run[size:]
+        cut.append(run)
+    return cut
+
+
+def units(text: str, budget: int, count: Count) -> list[str]:
+    """The document as pieces each under ``budget``: paragraphs whole where they fit, else
+    their sentences, else runs of words."""
+    out: list[str] = []
+    for block in blocks(text):
+        if count(block) <= budget:
+            out.append(block)
+            continue
+        for sentence in sentences(block):
+            if count(sentence) <= budget:
+                out.append(sentence)
+            else:
+                out.extend(_words(sentence, budget, count))
+    return out
+
+
+def _tail(chunk: str, overlap: int, count: Count) -> str:
+    """The last whole sentences of ``chunk`` within ``overlap`` tokens ('' when none)."""
+    kept: list[str] = []
+    for sentence in reversed(sentences(chunk.rsplit(SEPARATOR, 1)[-1])):
+        if count(" ".join([sentence, *kept])) > overlap:
+            break
+        kept.insert(0, sentence)
+    return " ".join(kept)
+
+
+def pack(pieces: Sequence[str], budget: int, count: Count, *, overlap: int = 0) -> list[str]:
+    """Consecutive ``pieces`` joined into chunks of at most ``budget`` tokens. A heading
+    closes the chunk before it once that chunk is half full, so sections stay together;
+    each chunk after the first opens with up to ``overlap`` tokens of the one before."""
+    chunks: list[str] = []
+    current: list[str] = []
+    used = 0
+    for piece in pieces:
+        size = count(piece) + 1
+        closes = current and (used + size > budget or (is_heading(piece) and used > budget // 2))
+        if closes:
+            chunks.append(SEPARATOR.join(current))
+            tail = _tail(chunks[-1], overlap, count) if overlap else ""
+            current = [tail] if tail and count(tail) + size <= budget else []
+            used = count(tail) + 1 if current else 0
+        current.append(piece)
+        used += size
+    if current:
+        chunks.append(SEPARATOR.join(current))
+    return chunks
+
+
+def group(tokens: Sequence[int], budget: int, most: int) -> list[list[int]]:
+    """The summaries of one level (their tokens, in order) grouped into reduces: runs of
+    consecutive ones, at most ``most`` a run and ``budget`` tokens with their separators.
+    The runs are evened out: n summaries in k runs of n/k each, not k-1 full and a stub."""
+    need = 0
+    runs = 1
+    for size in tokens:
+        need += size + 2
+    runs = max(math.ceil(len(tokens) / most), math.ceil(need / max(1, budget)), 1)
+    while True:
+        target = math.ceil(len(tokens) / runs)
+        out: list[list[int]] = []
+        current: list[int] = []
+        used = 0
+        for index, size in enumerate(tokens):
+            if current and (len(current) >= target or used + size + 2 > budget):
+                out.append(current)
+                current, used = [], 0
+            current.append(index)
+            used += size + 2
+        out.append(current)
+        if len(out) <= max(runs, 1) or runs >= len(tokens):
+            return out
+        runs += 1

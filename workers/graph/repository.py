@@ -1,0 +1,376 @@
+"""The SQL of a document's graph on the worker side: the graph written in place of the
+document's own run, a child's end with its count, and the step the last end of a level
+triggers (the next level's reduces with their dispatch records, or the document's end with
+its one event). Every writer locks the document's row first (``plumbing.graph_store``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from plumbing.db import transaction
+from plumbing.lock_store import end_children
+from schemas.envelopes import DispatchEnvelope
+from schemas.jobs import JobKind, Priority, estimate_tokens, reduce_levels
+from schemas.states import JobState
+from schemas.tables import graphs, jobs, outbox
+from workers.gate import event_row
+from workers.graph.ids import new_id
+from workers.graph.plan import SEPARATOR, Plan, group
+
+
+@dataclass(frozen=True, kw_only=True)
+class Child:
+    """A job of a document's graph: its document and its level."""
+
+    parent_id: str
+    level: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Counted:
+    """A child's end as written: whether it was (fencing), and its level's count after it."""
+
+    written: bool
+    ended: int = 0
+    total: int = 0
+
+    @property
+    def last(self) -> bool:
+        return self.written and self.ended >= self.total
+
+
+# A child's end, counted in its graph in the same statement. The document's row is locked
+# first (``locked`` is evaluated before ``written`` needs it), so every writer of a graph
+# takes the document, then its jobs, then the graph row.
+CHILD_END = text(
+    """
+WITH locked AS (
+    SELECT id FROM jobs WHERE id = CAST(:parent AS uuid) FOR UPDATE
+), written AS (
+    UPDATE jobs SET state = :state, result = CAST(:result AS jsonb),
+                    error = CAST(:error AS jsonb), decoded_tokens = :decoded_tokens,
+                    finished_at = :at, updated_at = :at
+    WHERE id = CAST(:id AS uuid) AND state = 'running' AND attempt = :attempt
+      AND EXISTS (SELECT 1 FROM locked)
+    RETURNING id
+), counted AS (
+    UPDATE graphs SET ended = ended + 1, prompt_tokens = prompt_tokens + :prompt_tokens,
+                      output_tokens = output_tokens + :output_tokens, updated_at = :at
+    WHERE job_id = CAST(:parent AS uuid) AND level = :level AND EXISTS (SELECT 1 FROM written)
+    RETURNING ended, total
+)
+SELECT (SELECT count(*) FROM written) AS written, (SELECT ended FROM counted) AS ended,
+       (SELECT total FROM counted) AS total
+"""
+)
+
+
+def usage_of(result: Mapping[str, Any] | None) -> tuple[int, int]:
+    if not result:
+        return 0, 0
+    return int(result.get("prompt_tokens") or 0), int(result.get("output_tokens") or 0)
+
+
+async def child_end(
+    conn: AsyncConnection,
+    child: Child,
+    *,
+    job_id: str,
+    attempt: int,
+    state: JobState,
+    result: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+    decoded_tokens: int | None,
+    at: datetime,
+) -> Counted:
+    """A child's end and its count, on ``conn`` (in a transaction); the step it triggers
+    is ``after_end``'s."""
+    prompt, output = usage_of(result)
+    row = (
+        await conn.execute(
+            CHILD_END,
+            {
+                "parent": child.parent_id,
+                "id": job_id,
+                "attempt": attempt,
+                "state": state.value,
+                "result": json.dumps(result),
+                "error": json.dumps(error),
+                "decoded_tokens": decoded_tokens,
+                "at": at,
+                "level": child.level,
+                "prompt_tokens": prompt,
+                "output_tokens": output if state is JobState.SUCCEEDED else decoded_tokens or 0,
+            },
+        )
+    ).one()
+    return Counted(written=bool(row.written), ended=row.ended or 0, total=row.total or 0)
+
+
+class GraphWriter:
+    """Writes graphs and their steps for one worker (its events and dispatch topics)."""
+
+    def __init__(self, engine: AsyncEngine, *, events_topic: str, dispatch_topic: str) -> None:
+        self._engine = engine
+        self._events_topic = events_topic
+        self._dispatch_topic = dispatch_topic  # the pool's, for documents stored before pools
+
+    async def make(self, job_id: str, attempt: int, plan: Plan, level_s: float) -> bool:
+        """The document's graph in place of its run (``create``), in one transaction;
+        False when this attempt no longer owns the job."""
+        async with transaction(self._engine) as conn:
+            return await self.create(
+                conn,
+                job_id=job_id,
+                attempt=attempt,
+                chunks=plan.chunks,
+                budget_tokens=plan.budget_tokens,
+                fan_in=plan.fan_in,
+                level_s=level_s,
+                now=datetime.now(UTC),
+            )
+
+    async def create(
+        self,
+        conn: AsyncConnection,
+        *,
+        job_id: str,
+        attempt: int,
+        chunks: Sequence[str],
+        budget_tokens: int,
+        fan_in: int,
+        level_s: float,
+        now: datetime,
+    ) -> bool:
+        """The document's graph in place of its run, if this attempt still owns it: its
+        row, its chunks and their dispatch records. False when it was taken over, cancelled
+        or graphed meanwhile (nothing written)."""
+        parent = (
+            (
+                await conn.execute(
+                    update(jobs)
+                    .where(
+                        jobs.c.id == job_id,
+                        jobs.c.state == JobState.RUNNING.value,
+                        jobs.c.attempt == attempt,
+                        ~select(graphs.c.job_id).where(graphs.c.job_id == job_id).exists(),
+                    )
+                    .values(updated_at=now)
+                    .returning(jobs)
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if parent is None:
+            return False
+        levels = 1 + reduce_levels(len(chunks), fan_in)
+        await conn.execute(
+            insert(graphs).values(
+                job_id=job_id,
+                chunks=len(chunks),
+                level=0,
+                total=len(chunks),
+                levels=levels,
+                fan_in=fan_in,
+                budget_tokens=budget_tokens,
+                level_s=level_s,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        deadline = parent["deadline"] - timedelta(seconds=level_s * (levels - 1))
+        await self._children(conn, parent, 0, list(chunks), deadline, now)
+        return True
+
+    async def _children(
+        self,
+        conn: AsyncConnection,
+        parent: Mapping[Any, Any],
+        level: int,
+        inputs: list[str],
+        deadline: datetime,
+        now: datetime,
+    ) -> None:
+        """A level's jobs with their dispatch records (the relay publishes them)."""
+        topic = parent["dispatch_topic"] or self._dispatch_topic
+        rows = []
+        records = []
+        for seq, text_ in enumerate(inputs):
+            child_id = new_id()
+            rows.append(
+                {
+                    "id": child_id,
+                    "tenant": parent["tenant"],
+                    "kind": JobKind.SUMMARIZE.value,
+                    "state": JobState.QUEUED.value,
+                    "priority": parent["priority"],
+                    "input": text_,
+                    "max_tokens": parent["max_tokens"],
+                    "deadline": deadline,
+                    "params": parent["params"],
+                    "dispatch_topic": topic,
+                    "parent_id": parent["id"],
+                    "level": level,
+                    "seq": seq,
+                    "created_at": now,
+                    "updated_at": now,
+                    "last_seen_at": now,
+                }
+            )
+            envelope = DispatchEnvelope(
+                job_id=child_id,
+                tenant=parent["tenant"],
+                kind=JobKind.SUMMARIZE,
+                priority=Priority(parent["priority"]),
+                max_tokens=parent["max_tokens"],
+                prompt_tokens=estimate_tokens(text_),
+                deadline=deadline.astimezone(UTC),
+            )
+            records.append(envelope.outbox_row(topic, child_id))
+        await conn.execute(insert(jobs), rows)
+        await conn.execute(insert(outbox), records)
+
+    async def after_end(
+        self,
+        conn: AsyncConnection,
+        child: Child,
+        counted: Counted,
+        state: JobState,
+        error: dict[str, Any] | None,
+        now: datetime,
+    ) -> None:
+        """The step a written child's end triggers: a failure (or a drop) ends the document
+        and every job of it at once; the last success of a level makes the next level, or
+        ends the document with the one summary left."""
+        if not counted.written:
+            return
+        if state is not JobState.SUCCEEDED:
+            await self.end_document(conn, child.parent_id, state, document_error(state, error), now)
+        elif counted.last:
+            await self._next_level(conn, child, now)
+
+    async def end_document(
+        self,
+        conn: AsyncConnection,
+        parent_id: str,
+        state: JobState,
+        error: dict[str, Any] | None,
+        now: datetime,
+        result: dict[str, Any] | None = None,
+    ) -> bool:
+        """The document's end, with its event, and its jobs not ended yet ended with it;
+        False when it had ended already."""
+        usage = select(graphs.c.output_tokens).where(graphs.c.job_id == parent_id)
+        row = (
+            (
+                await conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id == parent_id, jobs.c.state == JobState.RUNNING.value)
+                    .values(
+                        state=state.value,
+                        result=result,
+                        error=error,
+                        decoded_tokens=usage.scalar_subquery(),
+                        finished_at=now,
+                        updated_at=now,
+                    )
+                    .returning(jobs)
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            return False
+        await conn.execute(
+            insert(outbox).values(
+                event_row(self._events_topic, row, state, row["attempt"], now, error or {})
+            )
+        )
+        if state is not JobState.SUCCEEDED:
+            await end_children(conn, [parent_id], _siblings_state(state), now)
+        return True
+
+    async def _next_level(self, conn: AsyncConnection, child: Child, now: datetime) -> None:
+        graph = (
+            (await conn.execute(select(graphs).where(graphs.c.job_id == child.parent_id)))
+            .mappings()
+            .one()
+        )
+        done = (
+            (
+                await conn.execute(
+                    select(jobs.c.result)
+                    .where(jobs.c.parent_id == child.parent_id, jobs.c.level == child.level)
+                    .order_by(jobs.c.seq)
+                )
+            )
+            .scalars()
+            .all()
+        )
+        if len(done) == 1:
+            await self.end_document(
+                conn, child.parent_id, JobState.SUCCEEDED, None, now, _final(done[0], graph)
+            )
+            return
+        runs = group([usage_of(r)[1] for r in done], graph["budget_tokens"], graph["fan_in"])
+        inputs = [SEPARATOR.join(str(done[i]["text"]).strip() for i in run) for run in runs]
+        parent = (
+            (await conn.execute(select(jobs).where(jobs.c.id == child.parent_id))).mappings().one()
+        )
+        left = reduce_levels(len(inputs), graph["fan_in"])
+        deadline = parent["deadline"] - timedelta(seconds=graph["level_s"] * left)
+        await conn.execute(
+            update(graphs)
+            .where(graphs.c.job_id == child.parent_id)
+            .values(level=child.level + 1, total=len(inputs), ended=0, updated_at=now)
+        )
+        await self._children(conn, parent, child.level + 1, inputs, deadline, now)
+
+
+def _final(last: Mapping[str, Any], graph: Mapping[Any, Any]) -> dict[str, Any]:
+    """The document's result: the last summary, with the usage of the whole graph."""
+    result = dict(last)
+    result["prompt_tokens"] = int(graph["prompt_tokens"])
+    result["output_tokens"] = int(graph["output_tokens"])
+    result["graph"] = {"chunks": int(graph["chunks"]), "levels": int(graph["level"]) + 1}
+    return result
+
+
+def document_error(state: JobState, error: Mapping[str, Any] | None) -> dict[str, Any]:
+    body = dict(error or {"code": state.value})
+    body["message"] = f"a part of the document ended {state.value}: {body.get('message', '')}"
+    return body
+
+
+def _siblings_state(state: JobState) -> JobState:
+    """How the document's other jobs end: as it did, or cancelled when a part failed."""
+    return JobState.CANCELLED if state in (JobState.FAILED, JobState.SUCCEEDED) else state
+
+
+# A document already graphed is not run again when its record comes back.
+GRAPHED = select(graphs.c.job_id).where(graphs.c.job_id == jobs.c.id).exists().label("graphed")
+
+
+def with_documents(ids: Sequence[str]) -> Any:
+    """``ids`` and the documents of those that are a document's jobs: locked together, in
+    key order (a document's id is older than its jobs'), as every writer of a graph does."""
+    parents = select(jobs.c.parent_id).where(jobs.c.id.in_(ids), jobs.c.parent_id.is_not(None))
+    return jobs.c.id.in_(ids) | jobs.c.id.in_(parents.scalar_subquery())
+
+
+def split_rows(
+    rows: Sequence[Any],
+) -> tuple[list[Mapping[Any, Any]], dict[Any, Mapping[Any, Any]]]:
+    """The rows asked for, and the rows of their documents by id."""
+    asked = [r for r in rows if r["wanted"]]
+    documents = {r["id"]: r for r in rows if not r["wanted"]}
+    return asked, documents
