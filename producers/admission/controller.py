@@ -29,7 +29,7 @@ from producers.lag.monitor import LagMonitor
 from producers.lag.rule import LagSnapshot
 from producers.metrics import ADMISSIONS, BLOCKED
 from schemas.constants import DEFAULT_MODEL
-from schemas.jobs import Priority
+from schemas.jobs import GraphShape, Priority
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,9 +103,14 @@ class AdmissionController:
         max_tokens: int,
         deadline: datetime,
         now: datetime,
+        graph: GraphShape | None = None,
     ) -> Admitted:
+        """``graph``: a document too long for the pool's engine, judged as the whole graph
+        it becomes (all its jobs' tokens; its levels one after another)."""
         try:
-            admitted = await self._admit(tenant, priority, prompt_tokens, max_tokens, deadline, now)
+            admitted = await self._admit(
+                tenant, priority, prompt_tokens, max_tokens, deadline, now, graph
+            )
         except Refused as refused:
             ADMISSIONS.labels(outcome="rejected", reason=refused.reason, model=self.model).inc()
             raise
@@ -203,12 +208,14 @@ class AdmissionController:
         max_tokens: int,
         deadline: datetime,
         now: datetime,
+        graph: GraphShape | None = None,
     ) -> Admitted:
         lag = self._known()
-        tokens = prompt_tokens + max_tokens
+        jobs = graph.jobs if graph is not None else 1
+        tokens = prompt_tokens + max_tokens * jobs
         self._take(tenant, tokens, lag)
         try:
-            self._check_deadline(lag, max_tokens, deadline, now)
+            self._check_deadline(lag, max_tokens, deadline, now, graph)
             return await self._check_lag(lag, priority, max_tokens)
         except Refused:
             self._limits.give_back(tenant, tokens)
@@ -256,7 +263,12 @@ class AdmissionController:
         return self._policy.token_time_s if measured is None else measured
 
     def _check_deadline(
-        self, lag: LagSnapshot, max_tokens: int, deadline: datetime, now: datetime
+        self,
+        lag: LagSnapshot,
+        max_tokens: int,
+        deadline: datetime,
+        now: datetime,
+        graph: GraphShape | None = None,
     ) -> None:
         refused = self._policy.deadline_refusal(
             lag,
@@ -265,6 +277,7 @@ class AdmissionController:
             max_tokens=max_tokens,
             deadline=deadline,
             now=now,
+            graph=graph,
         )
         if refused is not None:
             raise refused

@@ -12,7 +12,7 @@ from typing import Literal
 from plumbing.settings.admission import AdmissionSettings
 from producers.lag.rule import LagSnapshot
 from schemas.errors import SluicegateError
-from schemas.jobs import Priority
+from schemas.jobs import GraphShape, Priority
 
 UNAVAILABLE = frozenset({"lag_unknown", "database_unavailable", "broker_unavailable"})
 # Why a submit is refused: the yield's ``reason`` and its error code (429; 503 for the
@@ -169,19 +169,27 @@ class Policy:
         max_tokens: int,
         deadline: datetime,
         now: datetime,
+        graph: GraphShape | None = None,
     ) -> Refused | None:
         """The refusal of a job that would not end by ``deadline``: the predicted queue wait
         (the lag less the ``running`` jobs, at μ) and its service time. None when it can,
         or when there is nothing to predict with (no drain rate, or a speed to be measured
-        and not measured yet)."""
-        queued = max(0, lag.lag - running)
-        late = self._late(lag, queued, max_tokens, measured_token_time_s, deadline - now)
+        and not measured yet). A ``graph`` waits behind its own chunks too, and its levels
+        run one after another."""
+        queued = max(0, lag.lag - running) + (graph.chunks - 1 if graph is not None else 0)
+        levels = graph.levels if graph is not None else 1
+        late = self._late(lag, queued, max_tokens * levels, measured_token_time_s, deadline - now)
         if late is None:
             return None
         wait_s, service_s, left_s = late
+        what = (
+            f"a document of {graph.chunks} chunks in {graph.levels} levels: "
+            if graph is not None
+            else ""
+        )
         return Refused(
             "deadline_unreachable",
-            f"predicted queue wait {wait_s:.1f}s + service {service_s:.1f}s exceeds the "
+            f"{what}predicted queue wait {wait_s:.1f}s + service {service_s:.1f}s exceeds the "
             f"{left_s:.1f}s left to the deadline",
             retry_after_s=self.clamp(wait_s),
             lag=lag.lag,

@@ -34,7 +34,7 @@ from schemas import constants
 from schemas.api import JobList, JobView, SubmitJob, SubmitResponse
 from schemas.constants import DEFAULT_MODEL
 from schemas.errors import JobNotFound
-from schemas.jobs import Job, NewJob, estimate_tokens
+from schemas.jobs import Job, JobKind, NewJob, estimate_tokens
 from schemas.states import JobState
 from schemas.timeline import JobTimeline
 
@@ -91,14 +91,20 @@ async def admitted(
 ) -> tuple[Job, bool]:
     """The job stored (True) or the one stored first under its idempotency key (False),
     once its model's pool's admission let it in; the admission is told which."""
-    admission = pools.of(new.model).admission
+    services = pools.of(new.model)
+    admission = services.admission
+    prompt_tokens = estimate_tokens(new.input)
+    graph = None
+    if new.kind is JobKind.SUMMARIZE:  # too long for one request: judged as its graph
+        graph = await services.context.graph_of(prompt_tokens, new.max_tokens)
     await admission.admit(
         tenant=new.tenant,
         priority=new.priority,
-        prompt_tokens=estimate_tokens(new.input),
+        prompt_tokens=prompt_tokens,
         max_tokens=new.max_tokens,
         deadline=new.deadline,
         now=now,
+        graph=graph,
     )
     try:
         job, created = await groups.submit(new)
@@ -262,7 +268,7 @@ async def get_job(
     else:
         job = await waiting.job(owner, job_id, wait, request.receive)
     answer = await status.view(repo, monitor.snapshot(), job, _status_url(job.id))
-    tag = status.etag(job)
+    tag = status.etag(job, answer)
     headers = {"ETag": tag}
     if (hint := status.retry_after_s(answer)) is not None:
         headers["Retry-After"] = str(hint)
@@ -305,8 +311,9 @@ async def heartbeat(job_id: str, repo: Jobs, tenant: Tenant) -> JobView:
     responses=_ERRORS,
     summary="Cancel a job",
     description="Writes cancelled at once; a running job is aborted in the engine within "
-    "a decode step. 409 job_terminal if the job already ended. An operator key may cancel "
-    "any tenant's job.",
+    "a decode step. 409 job_terminal if the job already ended; 409 job_of_document for a "
+    "part of a document's graph (cancel the document: every part of it ends). An operator "
+    "key may cancel any tenant's job.",
 )
 async def cancel_job(job_id: str, repo: Jobs, caller: CallerOf) -> JobView:
     job_key = _job_id(job_id)

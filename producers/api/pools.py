@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from plumbing.activity import Activity
 from plumbing.carpool import Carpool
 from plumbing.pools import Pool, Pools
+from producers.admission.context import EngineContext
+from producers.admission.context_store import ContextStore
 from producers.admission.controller import AdmissionController
 from producers.admission.policy import Policy
 from producers.admission.ratelimit import TenantLimits
@@ -33,6 +35,7 @@ class PoolServices:
     monitor: LagMonitor
     admission: AdmissionController
     meter: Meter
+    context: EngineContext  # its engines' context, as its workers report it
 
 
 class PoolRouter:
@@ -97,7 +100,15 @@ def pool_services(
         model=pool.model,
         activity=activity,
     )
-    return PoolServices(pool=pool, source=source, monitor=monitor, admission=admission, meter=meter)
+    context = EngineContext(ContextStore(db), pool.model)
+    return PoolServices(
+        pool=pool,
+        source=source,
+        monitor=monitor,
+        admission=admission,
+        meter=meter,
+        context=context,
+    )
 
 
 def lag_source(

@@ -15,13 +15,13 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from plumbing.db import transaction
-from plumbing.lock_store import locking_in_order
+from plumbing.lock_store import end_children, locking_in_order
 from producers.jobs.repository import cancellable, cancelling, event_row, job_model
 from producers.jobs.submit_repository import new_job_id
 from schemas.batches import BatchTerminal, BatchView, batch_status, batch_view
 from schemas.errors import BatchNotFound, IdempotencyConflict
 from schemas.jobs import Job, JobKind, Priority, job_from_row, model_of
-from schemas.states import TERMINAL_STATES
+from schemas.states import TERMINAL_STATES, JobState
 from schemas.tables import batches, jobs, outbox
 
 _TERMINAL = frozenset(s.value for s in TERMINAL_STATES)
@@ -278,6 +278,9 @@ class BatchStore:
                     for r in cancelled
                 ]
                 await conn.execute(insert(outbox), events)
+                # The documents among them end their graphs' jobs too.
+                ids = [str(r["id"]) for r in cancelled]
+                await end_children(conn, ids, JobState.CANCELLED, now)
             return await self._view(conn, tenant, batch_id)
 
 
@@ -297,7 +300,6 @@ def job_params(
         "params": [json.dumps(r.params) if r.params else None for r in chunk],
         "topics": [topic_of(model_of(r.params)) for r in chunk],
     }
-
 
 
 async def held_by_tenant(conn: AsyncConnection) -> dict[str, int]:

@@ -15,21 +15,38 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from plumbing.carpool import Carpool, on
 from plumbing.db import transaction
+from plumbing.lock_store import end_children
 from producers.jobs.submit_repository import SubmitRepository
 from producers.outbox.repository import of_pool
 from schemas import reasons
 from schemas.constants import DEFAULT_MODEL
 from schemas.envelopes import JobEvent
-from schemas.errors import JobAlreadyTerminal, JobNotFound
-from schemas.jobs import Job, job_from_row
+from schemas.errors import JobAlreadyTerminal, JobNotFound, JobOfDocument
+from schemas.jobs import GraphProgress, Job, job_from_row
 from schemas.states import CANCELLABLE_STATES, TERMINAL_STATES, JobState, sources_of
-from schemas.tables import jobs, outbox
+from schemas.tables import graphs, jobs, outbox
 
 FLOW_WINDOW_S = 60.0
 
 _TERMINAL = [s.value for s in TERMINAL_STATES]
 _ABANDONABLE = [s.value for s in sources_of(JobState.ABANDONED)]
 _NOT_STARTED = [JobState.QUEUED.value, JobState.DISPATCHED.value]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Part:
+    id: str
+    seq: int
+    state: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Document:
+    """A summarize job as its page shows it: its input's first lines and its graph's parts
+    by level (empty for a document that fitted one request)."""
+
+    head: list[str]
+    levels: dict[int, list[Part]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,6 +169,7 @@ class JobRepository(SubmitRepository):
             if row is None:
                 return False
             await self._event(conn, job_from_row(row), now, JobState.ABANDONED.value)
+            await end_children(conn, [job_id], JobState.ABANDONED, now)
         return True
 
     async def _event(self, conn: AsyncConnection, job: Job, at: datetime, code: str) -> None:
@@ -162,17 +180,66 @@ class JobRepository(SubmitRepository):
         """Move a non-terminal job to ``cancelled``; a terminal one is a conflict."""
         now = datetime.now(UTC)
         async with transaction(self._engine) as conn:
-            row = (await conn.execute(cancelling(_owned(tenant, job_id), now))).mappings().first()
+            whole = _owned(tenant, job_id) & jobs.c.parent_id.is_(None)
+            row = (await conn.execute(cancelling(whole, now))).mappings().first()
             if row is None:
                 current = (
-                    await conn.execute(select(jobs.c.state).where(_owned(tenant, job_id)))
-                ).scalar_one_or_none()
+                    await conn.execute(
+                        select(jobs.c.state, jobs.c.parent_id).where(_owned(tenant, job_id))
+                    )
+                ).first()
                 if current is None:
                     raise JobNotFound(f"no job {job_id}")
-                raise JobAlreadyTerminal(f"job {job_id} is already {current}")
+                if current.parent_id is not None and not JobState(current.state).terminal:
+                    raise JobOfDocument(
+                        f"job {job_id} is a part of document {current.parent_id}: cancel "
+                        "the document"
+                    )
+                raise JobAlreadyTerminal(f"job {job_id} is already {current.state}")
             job = job_from_row(row)
             await self._event(conn, job, now, "cancelled")
+            await end_children(conn, [job.id], JobState.CANCELLED, now)
         return job
+
+    async def graph(self, job_id: str) -> GraphProgress | None:
+        """The progress of the job's graph; None when it is not a document cut into one."""
+        async with self._engine.connect() as conn:
+            row = (
+                (await conn.execute(select(graphs).where(graphs.c.job_id == job_id)))
+                .mappings()
+                .first()
+            )
+        if row is None:
+            return None
+        return GraphProgress(
+            chunks=row["chunks"],
+            level=row["level"],
+            levels=max(row["levels"], row["level"] + 1),
+            total=row["total"],
+            ended=row["ended"],
+            prompt_tokens=int(row["prompt_tokens"]),
+            output_tokens=int(row["output_tokens"]),
+        )
+
+    async def document(self, job_id: str, head_chars: int = 1200) -> Document:
+        """What a summarize job's page shows of it: its input's first lines, its summary,
+        and its graph's parts by level (each part's id, place and state)."""
+        async with self._engine.connect() as conn:
+            head = await conn.scalar(
+                select(func.left(jobs.c.input, head_chars)).where(jobs.c.id == job_id)
+            )
+            parts = (
+                await conn.execute(
+                    select(jobs.c.id, jobs.c.level, jobs.c.seq, jobs.c.state)
+                    .where(jobs.c.parent_id == job_id)
+                    .order_by(jobs.c.level, jobs.c.seq)
+                )
+            ).all()
+        levels: dict[int, list[Part]] = {}
+        for p in parts:
+            levels.setdefault(p.level, []).append(Part(id=str(p.id), seq=p.seq, state=p.state))
+        lines = (head or "").splitlines()
+        return Document(head=[line for line in lines[:12]], levels=levels)
 
     async def queue_position(self, job: Job) -> int:
         """Jobs not started yet that were submitted before this one, of every tenant (ids

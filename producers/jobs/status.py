@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from producers.jobs.repository import JobRepository
 from producers.lag.rule import LagSnapshot
 from schemas.api import JobView
-from schemas.jobs import Job
+from schemas.jobs import Job, JobKind
 from schemas.states import JobState
 
 # Poll hints stay within these bounds whatever the estimate says.
@@ -19,10 +19,13 @@ MAX_POLL_S = 30
 RUNNING_POLL_S = 2
 
 
-def etag(job: Job) -> str:
+def etag(job: Job, view: JobView | None = None) -> str:
     """Weak: the view also carries last_seen_at (renewed by polls) and estimates, which do
-    not make a new version. Changes with every state change, attempt and write."""
-    parts = (job.id, job.state.value, str(job.attempt), job.updated_at.isoformat())
+    not make a new version. Changes with every state change, attempt and write, and with a
+    graph's progress (``view``'s)."""
+    parts: tuple[str, ...] = (job.id, job.state.value, str(job.attempt), job.updated_at.isoformat())
+    if view is not None and view.graph is not None:
+        parts = (*parts, str(view.graph.level), str(view.graph.ended))
     return 'W/"' + hashlib.sha256("|".join(parts).encode()).hexdigest()[:32] + '"'
 
 
@@ -42,7 +45,8 @@ async def view(
     """The job's view; for a job not started yet, how many are ahead of it and when it may
     start at the measured drain rate (None while the rate is unknown)."""
     if job.state not in (JobState.QUEUED, JobState.DISPATCHED):
-        return JobView.of(job, status_url)
+        graph = await repo.graph(job.id) if job.kind is JobKind.SUMMARIZE else None
+        return JobView.of(job, status_url, graph=graph)
     position = await repo.queue_position(job)
     wait_s = lag.drain_time_s(position + 1)
     start = None

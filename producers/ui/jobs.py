@@ -4,18 +4,20 @@ deliveries, and its cancel. They call what the JSON API's routes call."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from producers.api import jobs as jobs_api
 from producers.api.deps import Jobs, Webhooks
-from producers.jobs.repository import JobRepository
+from producers.jobs.repository import Document, JobRepository
 from producers.ui import filters
 from producers.ui.pages import PageRoute, render
 from producers.ui.session import Viewing, Writing
 from producers.webhooks.repository import WebhookStore
 from schemas.errors import JobNotFound, SluicegateError
+from schemas.jobs import GraphProgress, JobKind
 from schemas.states import CANCELLABLE_STATES, JobState
 from schemas.timeline import JobTimeline
 
@@ -55,29 +57,50 @@ def job_key(value: str) -> str:
         raise JobNotFound(f"no job {value}") from None
 
 
-async def _timeline(
-    repo: JobRepository, hooks: WebhookStore, viewer: Viewing, job_id: str
-) -> tuple[JobTimeline, int | None]:
-    """The job's timeline as GET /v1/jobs/{id}/timeline gives it, and how many jobs are
-    ahead of it while it has not started."""
+@dataclass(frozen=True, kw_only=True)
+class Page:
+    """A job's page: its timeline, the jobs ahead of it while it waits, and for a summary
+    its document (first lines, graph, summary)."""
+
+    timeline: JobTimeline
+    ahead: int | None
+    document: Document | None = None
+    graph: GraphProgress | None = None
+    summary: str | None = None
+    part_of: str | None = None  # a part of a document's graph: its document
+
+
+async def _timeline(repo: JobRepository, hooks: WebhookStore, viewer: Viewing, job_id: str) -> Page:
+    """The job's timeline as GET /v1/jobs/{id}/timeline gives it, how many jobs are ahead
+    of it while it has not started, and a summary's document."""
     job = await repo.get(viewer.caller.owner, job_key(job_id))
     timeline = JobTimeline.of(job, await hooks.for_subject(job.tenant, job.id))
     ahead = None
     if job.state in (JobState.QUEUED, JobState.DISPATCHED):
         ahead = await repo.queue_position(job)
-    return timeline, ahead
+    if job.kind is not JobKind.SUMMARIZE:
+        return Page(timeline=timeline, ahead=ahead)
+    summary = (job.result or {}).get("text")
+    return Page(
+        timeline=timeline,
+        ahead=ahead,
+        document=await repo.document(job.id),
+        graph=await repo.graph(job.id),
+        summary=str(summary) if summary is not None else None,
+        part_of=job.parent_id,
+    )
 
 
-def _job_page(
-    request: Request, viewer: Viewing, template: str, job: JobTimeline, ahead: int | None
-) -> HTMLResponse:
+def _job_page(request: Request, viewer: Viewing, template: str, page: Page) -> HTMLResponse:
+    job = page.timeline
     return render(
         request,
         template,
         viewer,
         job=job,
-        ahead=ahead,
-        cancellable=job.state in CANCELLABLE_STATES,
+        ahead=page.ahead,
+        page=page,
+        cancellable=job.state in CANCELLABLE_STATES and page.part_of is None,
         error=request.query_params.get("error"),
     )
 
@@ -86,8 +109,8 @@ def _job_page(
 async def job_page(
     job_id: str, request: Request, viewer: Viewing, repo: Jobs, hooks: Webhooks
 ) -> HTMLResponse:
-    job, ahead = await _timeline(repo, hooks, viewer, job_id)
-    return _job_page(request, viewer, "job.html", job, ahead)
+    page = await _timeline(repo, hooks, viewer, job_id)
+    return _job_page(request, viewer, "job.html", page)
 
 
 @router.get(
@@ -98,8 +121,8 @@ async def job_page(
 async def job_timeline(
     job_id: str, request: Request, viewer: Viewing, repo: Jobs, hooks: Webhooks
 ) -> HTMLResponse:
-    job, ahead = await _timeline(repo, hooks, viewer, job_id)
-    return _job_page(request, viewer, "job_timeline.html", job, ahead)
+    page = await _timeline(repo, hooks, viewer, job_id)
+    return _job_page(request, viewer, "job_timeline.html", page)
 
 
 @router.post("/jobs/{job_id}/cancel", summary="Cancel a job from its page")
