@@ -155,8 +155,11 @@ class Control:
 
     async def sweep(self) -> None:
         running = {job_id: r.job.attempt for job_id, r in self._running.items() if not r.reason}
+        documents = sorted(
+            {r.job.parent_id for r in self._running.values() if r.job.parent_id and not r.reason}
+        )
         try:
-            stopped = await self._repo.stopped(running)
+            stopped = await self._repo.stopped(running, documents)
         except (SQLAlchemyError, OSError) as exc:
             count_retry("control_sweep", exc)
             log.warning("control sweep failed, retrying: %r", exc)

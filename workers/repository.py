@@ -289,12 +289,16 @@ class WorkerRepository:
                 now,
             )
 
-    async def stopped(self, running: Mapping[str, int]) -> list[Stopped]:
+    async def stopped(
+        self, running: Mapping[str, int], documents: Sequence[str] = ()
+    ) -> list[Stopped]:
         """Of the jobs running here (id -> attempt), those that must stop.
 
         Abandons, in the same statement that finds them, the jobs whose heartbeat lease
-        lapsed; then reads which jobs are no longer running under our attempt (a cancel
-        whose notice was missed, a takeover). One transaction, two statements.
+        lapsed, and first the ``documents`` (of the parts running here) whose lease lapsed
+        with all their parts; then reads which jobs are no longer running under our
+        attempt (a cancel whose notice was missed, a takeover). One transaction, two
+        statements (three with documents).
         """
         if not running:
             return []
@@ -303,6 +307,8 @@ class WorkerRepository:
         error = Drop(state=JobState.ABANDONED, reason=reasons.HEARTBEAT_LAPSED).error("decode")
         topic = self._events_topic
         async with transaction(self._engine) as conn:
+            if documents:
+                await self.graphs.abandon_lapsed(conn, documents, now)
             lapsed = (
                 (
                     await conn.execute(

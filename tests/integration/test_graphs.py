@@ -167,3 +167,35 @@ async def test_cancelling_a_document_ends_every_job_of_it(pipeline: Pipeline) ->
     assert not never, "a part cancelled before it started was started after all"
     graph = await rows(s, select(graphs).where(graphs.c.job_id == doc))
     assert graph[0]["level"] == 0
+
+
+async def test_a_document_whose_caller_stops_polling_is_abandoned_with_its_parts(
+    pipeline: Pipeline,
+) -> None:
+    slow = pipeline.settings.model_copy(
+        update={"sim_time_scale": 2.0, "worker_max_running": 2, "control_sweep_s": 0.5}
+    )
+    pipeline.settings = slow
+    pipeline.start(run_relay)
+    pipeline.start(run_worker)
+    doc = await submit(pipeline, long_document(6000, seed=5), abandon_after_s=3)
+    s = pipeline.settings
+    async with asyncio.timeout(60):  # its parts run; the caller polls no more
+        while not await rows(
+            s, select(jobs.c.id).where(jobs.c.parent_id == doc, jobs.c.state == "running")
+        ):
+            await asyncio.sleep(0.2)
+    async with asyncio.timeout(30):  # the lease lapses: the sweep abandons it whole
+        while (await rows(s, select(jobs.c.state).where(jobs.c.id == doc)))[0]["state"] != (
+            "abandoned"
+        ):
+            await asyncio.sleep(0.3)
+    await asyncio.sleep(2)
+    left = await rows(
+        s,
+        select(jobs.c.state, func.count()).where(jobs.c.parent_id == doc).group_by(jobs.c.state),
+    )
+    assert {row["state"] for row in left} <= {"succeeded", "abandoned"}, left
+    events = await rows(s, select(outbox.c.payload).where(outbox.c.topic == s.events_topic))
+    announced = [JobEvent.model_validate_json(r["payload"]).job_id for r in events]
+    assert announced.count(doc) == 1

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from plumbing.db import transaction
 from plumbing.lock_store import end_children
+from schemas import reasons
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import JobKind, Priority, estimate_tokens, reduce_levels
 from schemas.states import JobState
@@ -298,6 +299,28 @@ class GraphWriter:
         if state is not JobState.SUCCEEDED:
             await end_children(conn, [parent_id], _siblings_state(state), now)
         return True
+
+    async def abandon_lapsed(
+        self, conn: AsyncConnection, documents: Sequence[str], now: datetime
+    ) -> None:
+        """Of ``documents``, those whose caller stopped polling for longer than their
+        lease, abandoned with every part (a row another transaction holds is skipped and
+        looked at next time)."""
+        lapsed = (
+            select(jobs.c.id)
+            .where(
+                jobs.c.id.in_(documents),
+                jobs.c.state == JobState.RUNNING.value,
+                jobs.c.abandon_after_s.is_not(None),
+                jobs.c.last_seen_at
+                < func.now() - jobs.c.abandon_after_s * text("interval '1 second'"),
+            )
+            .order_by(jobs.c.id)
+            .with_for_update(skip_locked=True)
+        )
+        error = reasons.error(JobState.ABANDONED, reasons.HEARTBEAT_LAPSED, "decode")
+        for document in (await conn.execute(lapsed)).scalars().all():
+            await self.end_document(conn, str(document), JobState.ABANDONED, error, now)
 
     async def _next_level(self, conn: AsyncConnection, child: Child, now: datetime) -> None:
         graph = (
