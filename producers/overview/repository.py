@@ -37,6 +37,7 @@ class WorkerRow:
     started_at: datetime
     seen_at: datetime
     age_s: float  # since seen_at, by the database's clock
+    context_tokens: int | None = None  # one request's prompt and output, on its engine
 
 
 @dataclass(frozen=True, kw_only=True)
