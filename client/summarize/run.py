@@ -211,6 +211,10 @@ async def summarize(
         + f"; results in {options.out}",
         highlight=False,
     )
+    if cut := cut_at_length(options.out):
+        # Honest about length: a summary the engine cut at max_tokens is not a whole one.
+        per_document = options.max_tokens if of_documents(source) else None
+        console.print(cut_text(cut, per_document), highlight=False, markup=False)
     if found.skipped:
         console.print(
             f"{len(found.skipped):,} files skipped, listed in {skipped_path(options.out)}",
@@ -223,10 +227,6 @@ async def summarize(
             highlight=False,
             markup=False,
         )
-    if cut := cut_at_length(options.out):
-        # Honest about length: a summary the engine cut at max_tokens is not a whole one.
-        per_document = options.max_tokens if of_documents(source) else None
-        console.print(cut_text(cut, per_document), highlight=False, markup=False)
     if counts.completed < counts.total:
         return NOT_ALL_SUCCEEDED
     return PARTIAL if found.skipped else OK

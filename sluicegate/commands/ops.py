@@ -104,8 +104,6 @@ def refusal(exc: ApiError, settings: Settings) -> str:
         )
     if exc.code == "operator_only":
         return f"refused: {exc.message} (--tenant needs an operator key)"
-    if exc.status == 404:  # an unknown id, or one that is not an id at all
-        return f"{exc.message} ({exc.code})"
     return f"refused: {exc}"
 
 

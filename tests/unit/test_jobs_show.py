@@ -130,5 +130,5 @@ async def test_an_unknown_or_bad_id_is_one_line() -> None:
     with pytest.raises(ApiError) as refused:
         await show(answering(404, error), "nope")
     line = ops.refusal(refused.value, Settings())
-    assert line == "no job nope (job_not_found)"
+    assert line == "refused: 404 job_not_found: no job nope"
     assert "\n" not in line
