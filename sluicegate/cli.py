@@ -40,7 +40,7 @@ stack, writing OpenAI Batch output lines to --out (its folder made if missing) a
 finish. Rerun the same command to resume. PDF, Word (.docx), HTML, Markdown (.md),
 reStructuredText (.rst) and text (.txt) files are read; other files (README, .json, ...) are
 passed over, named, and listed as unsupported_format. Each file is one document of up to
-SLUICEGATE_MAX_INPUT_BYTES of text (256 KiB by default); text files are UTF-8 (a BOM is
+SLUICEGATE_MAX_INPUT_BYTES of text (4 MiB by default); text files are UTF-8 (a BOM is
 fine) or UTF-16 with a BOM, or in --encoding when they are neither. Files that cannot be
 read (undecodable, empty, blank, binary, too large, encrypted or scanned PDF, corrupt,
 unreadable) are skipped, named with the reason and listed in <out stem>.skipped.jsonl;

@@ -294,11 +294,9 @@ class WorkerRepository:
     ) -> list[Stopped]:
         """Of the jobs running here (id -> attempt), those that must stop.
 
-        Abandons, in the same statement that finds them, the jobs whose heartbeat lease
-        lapsed, and first the ``documents`` (of the parts running here) whose lease lapsed
-        with all their parts; then reads which jobs are no longer running under our
-        attempt (a cancel whose notice was missed, a takeover). One transaction, two
-        statements (three with documents).
+        Abandons the jobs whose heartbeat lease lapsed (first the ``documents`` of the
+        parts running here, with all their parts); then reads which jobs are no longer
+        running under our attempt (a missed cancel, a takeover). One transaction.
         """
         if not running:
             return []

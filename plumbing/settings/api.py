@@ -37,7 +37,7 @@ class ApiSettings(SettingsGroup):
         default=8000, description="Port the API listens on (and the command-line clients call)."
     )
     max_body_bytes: int = Field(
-        default=1_048_576,
+        default=5 * 1_048_576,
         ge=1024,
         description="Largest request body, in bytes, except a batch's (413 otherwise).",
     )
@@ -84,10 +84,11 @@ class ApiSettings(SettingsGroup):
         "body averages under this many bytes a second (0: no minimum rate).",
     )
     max_input_bytes: int = Field(
-        default=262_144,
+        default=4 * 1_048_576,
         ge=1,
         description="Largest `input` of one job, in UTF-8 bytes (a single submit's or a batch "
-        "line's).",
+        "line's): about 1,000,000 tokens, a document of some 2,000 pages. A summarize job longer "
+        "than its engine's context becomes a graph of jobs (docs/graphs.md).",
     )
     max_tokens_limit: int = Field(
         default=8192, ge=1, description="Largest `max_tokens` a job may ask for."

@@ -18,7 +18,7 @@ from tests.e2e.cli import assert_one_line_error, env_for, run, start
 from tests.e2e.stack import RunningStack, start_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-MAX_BYTES = 262_144
+MAX_BYTES = 4 * 1_048_576
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_a_folder_with_bad_files_runs_the_good_ones_and_says_partial(
     assert lines[0] == f"read 9 files from {folder}: 6 to summarize, 3 skipped"
     assert "skipped empty.md: the file is empty" in ran.output
     assert "skipped huge.txt:" in ran.output
-    assert "over the limit of 262,144 (256 KiB) per document" in ran.output
+    assert "over the limit of 4,194,304 (4 MiB) per document" in ran.output
     assert "skipped latin1.txt: not UTF-8: byte 0xe9" in ran.output
     assert any(line.startswith("submitted batch ") for line in lines), ran.output
     assert any(" ended " in line for line in lines), ran.output  # progress, not on a terminal
@@ -227,7 +227,7 @@ def test_help_shows_defaults_and_limits(tmp_path: Path) -> None:
     assert "composition root" not in top.output
     assert "sluicegate up" in top.output
     summarize = run("summarize", "--help", env=env).output
-    for text in ("default: results.jsonl", "default: 24h", "default: 128", "256 KiB", "--strict"):
+    for text in ("default: results.jsonl", "default: 24h", "default: 128", "4 MiB", "--strict"):
         assert text in summarize, summarize
 
 

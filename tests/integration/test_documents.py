@@ -30,7 +30,8 @@ async def db(settings: Settings) -> AsyncIterator[AsyncEngine]:
 
 @pytest.fixture
 async def api(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings.model_copy(update={"document_max_bytes": DOCUMENT_MAX_BYTES}))
+    limits = {"document_max_bytes": DOCUMENT_MAX_BYTES, "max_input_bytes": 256 * 1024}
+    app = create_app(settings.model_copy(update=limits))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://sg") as client:

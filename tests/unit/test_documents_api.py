@@ -69,7 +69,7 @@ async def test_a_read_whose_request_went_away_keeps_its_place_till_its_thread_en
 
 async def test_the_api_s_reader_reads_under_the_settings() -> None:
     extractor = Extractor.of(Settings.model_construct())
-    assert extractor.limits == DocumentLimits(max_text_bytes=262_144)
+    assert extractor.limits == DocumentLimits(max_text_bytes=4 * 1_048_576)
     assert (await extractor.text(make.pdf_bytes(2), "a.pdf")).startswith("Chapter 1: the gate")
     with pytest.raises(UnreadableDocument) as refused:
         await extractor.text(b"%PDF-1.7\n junk", "a.pdf")
