@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from schemas.api import GraphView
 from schemas.constants import DEFAULT_MODEL
-from schemas.jobs import FinishReason, Job, JobKind, Priority, finish_reason_of
+from schemas.jobs import (
+    FinishReason,
+    GraphProgress,
+    Job,
+    JobKind,
+    Priority,
+    finish_reason_of,
+)
 from schemas.states import JobState
 from schemas.webhooks import DeliveryDetail
 
@@ -53,12 +62,20 @@ class JobTimeline(BaseModel):
         "max_tokens)",
     )
     text: str | None = Field(default=None, description="A succeeded job's output (result.text)")
+    parent_id: str | None = Field(
+        default=None, description="A part of a document's graph: the document's job"
+    )
+    graph: GraphView | None = Field(
+        default=None, description="A document cut into a graph of jobs: its progress"
+    )
     deliveries: list[DeliveryDetail] = Field(
         description="The job's webhook deliveries, with every attempt"
     )
 
     @classmethod
-    def of(cls, job: Job, deliveries: list[DeliveryDetail]) -> JobTimeline:
+    def of(
+        cls, job: Job, deliveries: list[DeliveryDetail], graph: GraphProgress | None = None
+    ) -> JobTimeline:
         result = job.result or {}
         prompt = result.get("prompt_tokens")
         engine = result.get("engine")
@@ -86,5 +103,7 @@ class JobTimeline(BaseModel):
             completion_tokens=job.decoded_tokens,
             finish_reason=finish_reason_of(result.get("finish_reason")),
             text=text if isinstance(text := result.get("text"), str) else None,
+            parent_id=job.parent_id,
+            graph=GraphView(**asdict(graph)) if graph is not None else None,
             deliveries=deliveries,
         )

@@ -290,7 +290,8 @@ async def job_timeline(
     and its webhook deliveries with their attempts. Reading it does not renew the job's
     heartbeat lease. An operator key reads any tenant's job."""
     job = await repo.get(caller.owner, _job_id(job_id))
-    return JobTimeline.of(job, await webhooks.for_subject(job.tenant, job.id))
+    graph = await repo.graph(job.id) if job.kind is JobKind.SUMMARIZE else None
+    return JobTimeline.of(job, await webhooks.for_subject(job.tenant, job.id), graph)
 
 
 @router.post(

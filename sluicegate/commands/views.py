@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from schemas.api import JobView
+from schemas.api import GraphView, JobView
 from schemas.batches import BatchView
 from schemas.jobs import JobKind
 from schemas.overview import Overview, PoolAdmissionView
@@ -150,6 +150,16 @@ def batch_list(batches: list[BatchView], more: bool) -> RenderableType:
     return _with_more(table, more, "batches")
 
 
+def graph_text(g: GraphView) -> str:
+    """``15 chunks in 3 levels: level 1 running, 2 of 3 ended``."""
+    if g.ended >= g.total and g.level + 1 >= g.levels:
+        return f"{g.chunks} chunks in {g.level + 1} levels, all ended"
+    return (
+        f"{g.chunks} chunks in {g.levels} levels: level {g.level} running, "
+        f"{g.ended} of {g.total} ended"
+    )
+
+
 def timeline(t: JobTimeline) -> RenderableType:
     steps = Table(box=None, show_header=False)
     rows = [
@@ -167,6 +177,10 @@ def timeline(t: JobTimeline) -> RenderableType:
         ("served by", t.served_model or NONE),
         ("tokens", f"{_opt(t.prompt_tokens)} in, {_opt(t.completion_tokens)} out"),
     ]
+    if t.graph is not None:
+        rows.append(("graph", graph_text(t.graph)))
+    if t.parent_id is not None:
+        rows.append(("part of", t.parent_id))
     if t.finish_reason is not None:
         rows.append(("finish", FINISHED.get(t.finish_reason, t.finish_reason)))
     if t.error:

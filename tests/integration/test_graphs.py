@@ -90,6 +90,11 @@ async def test_a_long_document_is_one_job_summarized_through_its_graph(
     assert result["graph"] == {"chunks": len(chunks), "levels": top + 1}
     assert view["graph"]["chunks"] == len(chunks)
     assert view["graph"]["ended"] == view["graph"]["total"] == 1
+    timeline = (await pipeline.client.get(f"/v1/jobs/{doc}/timeline")).json()
+    assert timeline["graph"]["chunks"] == len(chunks)
+    assert timeline["finish_reason"] in ("stop", "length")
+    part = (await pipeline.client.get(f"/v1/jobs/{chunks[0]['id']}/timeline")).json()
+    assert part["parent_id"] == doc
     # One terminal event for the document, none for its parts.
     events = await rows(s, select(outbox.c.payload).where(outbox.c.topic == s.events_topic))
     announced = [JobEvent.model_validate_json(r["payload"]).job_id for r in events]

@@ -15,6 +15,7 @@ from rich.console import Console, RenderableType
 
 from client.api import ApiError, SluicegateClient
 from plumbing.settings import Settings
+from schemas.api import GraphView
 from schemas.jobs import Job, JobKind, Priority
 from schemas.states import JobState
 from schemas.timeline import JobTimeline
@@ -132,3 +133,12 @@ async def test_an_unknown_or_bad_id_is_one_line() -> None:
     line = ops.refusal(refused.value, Settings())
     assert line == "refused: 404 job_not_found: no job nope"
     assert "\n" not in line
+
+
+def test_a_documents_graph_is_one_line_of_its_progress() -> None:
+    running = GraphView(
+        chunks=15, level=1, levels=3, total=3, ended=2, prompt_tokens=1, output_tokens=1
+    )
+    assert views.graph_text(running) == "15 chunks in 3 levels: level 1 running, 2 of 3 ended"
+    done = running.model_copy(update={"level": 2, "total": 1, "ended": 1})
+    assert views.graph_text(done) == "15 chunks in 3 levels, all ended"
