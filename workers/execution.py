@@ -181,11 +181,13 @@ class Executor:
             GRAPHS.inc()
             CHUNKS.inc(len(plan.chunks))
             log.info(
-                "job %s: %d prompt tokens over the engine's context; cut into %d chunks "
-                "(%d levels)",
+                "job %s: longer than the engine's context of %d tokens (about %d prompt "
+                "tokens); cut into %d chunks of at most %d, %d levels planned",
                 job.id,
+                self._engine.context_tokens() or 0,
                 job.prompt_tokens,
                 len(plan.chunks),
+                plan.budget_tokens,
                 plan.levels,
             )
             return True
