@@ -79,6 +79,15 @@ async def test_a_long_document_is_one_job_summarized_through_its_graph(
     assert "Section 1:" in chunks[0]["input"]
     last_words = text.split()[-5:]
     assert " ".join(last_words) in chunks[-1]["input"]
+    # Each level's deadline keeps back the time of the levels after it; the last one's is
+    # the document's.
+    deadline = datetime.fromisoformat(view["deadline"])
+    by_level = {level: {c["deadline"] for c in children if c["level"] == level} for level in levels}
+    assert all(len(d) == 1 for d in by_level.values())
+    ordered = [by_level[level].pop() for level in sorted(levels)]
+    assert ordered == sorted(ordered)
+    assert ordered[0] < deadline
+    assert ordered[-1] == deadline
     # The document's one result: the last reduce's summary, with the whole graph's usage.
     top = max(levels)
     final = [c for c in children if c["level"] == top]

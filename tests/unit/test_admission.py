@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from producers.admission.context import EngineContext
 from producers.admission.controller import AdmissionController
 from producers.admission.policy import Policy, Refused
 from producers.admission.ratelimit import TenantLimits
@@ -15,7 +16,7 @@ from producers.batches.meter import held_ahead
 from producers.jobs.repository import Flow
 from producers.lag.estimate import LagEstimate
 from producers.lag.monitor import LagMonitor
-from schemas.jobs import Priority
+from schemas.jobs import Priority, shape
 from tests.support.admission import NOW, POLICY, FakeClock, NoSource
 
 
@@ -404,3 +405,62 @@ def test_the_meters_count_newer_than_the_reading_replaces_its_lag() -> None:
     assert c.current_lag() == 150
     monitor.update({0: 1000}, {0: 1000 - 40})  # a reading newer than the count
     assert c.current_lag() == 40 + 110  # its lag, plus all released since its mark (0)
+
+
+async def test_a_document_is_judged_as_its_whole_graph() -> None:
+    # 20 jobs ahead at 10/s is 2 s of queue, and 10 tokens x 0.01 s is 0.1 s of service: a
+    # single job fits 4 s. As a graph of 30 chunks in 3 levels it waits behind its own 29
+    # other chunks too (4.9 s) and its levels run one after another: refused, as a whole.
+    graph = shape(30 * 1800, 10, 2000)
+    assert graph is not None
+    assert graph.chunks >= 28
+    assert graph.levels >= 2
+    c = controller(20)
+    assert await admit(c, ttl_s=4) == 0.0
+    with pytest.raises(Refused) as caught:
+        await c.admit(
+            tenant="t",
+            priority=Priority.NORMAL,
+            prompt_tokens=30 * 1800,
+            max_tokens=10,
+            deadline=NOW + timedelta(seconds=4),
+            now=NOW,
+            graph=graph,
+        )
+    assert caught.value.reason == "deadline_unreachable"
+    assert f"a document of {graph.chunks} chunks in {graph.levels} levels" in str(caught.value)
+    assert caught.value.retry_after_s > 0
+    roomy = await c.admit(
+        tenant="t",
+        priority=Priority.NORMAL,
+        prompt_tokens=30 * 1800,
+        max_tokens=10,
+        deadline=NOW + timedelta(seconds=60),
+        now=NOW,
+        graph=graph,
+    )
+    assert roomy.blocked_s == 0.0
+
+
+class Contexts:
+    def __init__(self, tokens: int | None) -> None:
+        self.tokens = tokens
+        self.reads = 0
+
+    async def smallest(self, model: str) -> int | None:
+        self.reads += 1
+        return self.tokens
+
+
+async def test_the_context_a_document_is_judged_by_is_the_workers_smallest() -> None:
+    store = Contexts(None)
+    context = EngineContext(store, "m", every_s=3600)  # type: ignore[arg-type]
+    assert await context.graph_of(50_000, 128) is None  # no worker said: judged whole
+    store.tokens = 2048
+    assert await context.graph_of(50_000, 128) is None  # read again only every every_s
+    assert store.reads == 1
+    fresh = EngineContext(store, "m", every_s=0)  # type: ignore[arg-type]
+    graph = await fresh.graph_of(50_000, 128)
+    assert graph is not None
+    assert graph.chunks > 20
+    assert await fresh.graph_of(1000, 128) is None  # fits one request

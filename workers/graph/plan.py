@@ -102,7 +102,8 @@ def _tail(chunk: str, overlap: int, count: Count) -> str:
 def pack(pieces: Sequence[str], budget: int, count: Count, *, overlap: int = 0) -> list[str]:
     """Consecutive ``pieces`` joined into chunks of at most ``budget`` tokens. A heading
     closes the chunk before it once that chunk is half full, so sections stay together;
-    each chunk after the first opens with up to ``overlap`` tokens of the one before."""
+    each chunk after the first opens with up to ``overlap`` tokens of the one before,
+    unless it opens a section."""
     chunks: list[str] = []
     current: list[str] = []
     used = 0
@@ -111,7 +112,8 @@ def pack(pieces: Sequence[str], budget: int, count: Count, *, overlap: int = 0) 
         closes = current and (used + size > budget or (is_heading(piece) and used > budget // 2))
         if closes:
             chunks.append(SEPARATOR.join(current))
-            tail = _tail(chunks[-1], overlap, count) if overlap else ""
+            # A new section needs no overlap: it starts where the text does.
+            tail = _tail(chunks[-1], overlap, count) if overlap and not is_heading(piece) else ""
             current = [tail] if tail and count(tail) + size <= budget else []
             used = count(tail) + 1 if current else 0
         current.append(piece)
@@ -123,25 +125,20 @@ def pack(pieces: Sequence[str], budget: int, count: Count, *, overlap: int = 0) 
 
 def group(tokens: Sequence[int], budget: int, most: int) -> list[list[int]]:
     """The summaries of one level (their tokens, in order) grouped into reduces: runs of
-    consecutive ones, at most ``most`` a run and ``budget`` tokens with their separators.
-    The runs are evened out: n summaries in k runs of n/k each, not k-1 full and a stub."""
-    need = 0
-    runs = 1
-    for size in tokens:
-        need += size + 2
-    runs = max(math.ceil(len(tokens) / most), math.ceil(need / max(1, budget)), 1)
-    while True:
-        target = math.ceil(len(tokens) / runs)
+    consecutive ones, at most ``most`` a run and ``budget`` tokens with their separators,
+    as few runs as that allows, evened out (10 in three runs: 4, 3, 3, not 4, 4, 2). Any
+    two summaries fit one budget (``fan_in``), so a level always shrinks."""
+    count = len(tokens)
+    need = sum(size + 2 for size in tokens)
+    runs = max(math.ceil(count / most), math.ceil(need / max(1, budget)), 1)
+    while runs < count:
+        sizes = [count // runs + (1 if i < count % runs else 0) for i in range(runs)]
         out: list[list[int]] = []
-        current: list[int] = []
-        used = 0
-        for index, size in enumerate(tokens):
-            if current and (len(current) >= target or used + size + 2 > budget):
-                out.append(current)
-                current, used = [], 0
-            current.append(index)
-            used += size + 2
-        out.append(current)
-        if len(out) <= max(runs, 1) or runs >= len(tokens):
+        start = 0
+        for size in sizes:
+            out.append(list(range(start, start + size)))
+            start += size
+        if all(sum(tokens[i] + 2 for i in run) <= budget for run in out):
             return out
         runs += 1
+    return [[i] for i in range(count)]
