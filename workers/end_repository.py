@@ -21,7 +21,8 @@ from plumbing.mark_store import MARKS, Mark, OutboxRow
 from plumbing.mark_store import params as marked
 from schemas.envelopes import JobEvent
 from schemas.states import JobState
-from workers.graph.repository import Child, GraphWriter, child_end
+from workers.graph.part_store import Child, child_end
+from workers.graph.repository import GraphWriter
 from workers.repository import Claimed
 
 _FINISH = """

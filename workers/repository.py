@@ -25,13 +25,8 @@ from schemas.tables import jobs, outbox
 from workers.dead_letter_store import set_aside
 from workers.engines.base import SamplingParams
 from workers.gate import Candidate, Drop, candidate_of, event_row, reason_of
-from workers.graph.repository import (
-    GRAPHED,
-    GraphWriter,
-    document_error,
-    split_rows,
-    with_documents,
-)
+from workers.graph.part_store import GRAPHED, split_rows, with_documents
+from workers.graph.repository import GraphWriter, document_error
 
 Judge = Callable[[Candidate], Drop | None]
 
@@ -114,15 +109,17 @@ class WorkerRepository:
         dead_letter_topic: str = "dead-letter",
         carpool: Carpool | None = None,
         dispatch_topic: str = "jobs.dispatch",
+        partitions: int = 0,
     ) -> None:
-        """``carpool``: the job ends waiting to ride in the next claim's transaction.
-        ``dispatch_topic``: the pool's, where a graph's jobs go when their document names
-        none."""
+        """``carpool``: the job ends riding in the next claim; ``dispatch_topic`` and
+        ``partitions``: the pool's, for its graphs' parts (``GraphWriter``)."""
         self._engine = engine
         self._events_topic = events_topic
         self._dead_letter_topic = dead_letter_topic
         self._carpool = carpool or Carpool(0.0)
-        self.graphs = GraphWriter(engine, events_topic=events_topic, dispatch_topic=dispatch_topic)
+        self.graphs = GraphWriter(
+            engine, events_topic=events_topic, dispatch_topic=dispatch_topic, partitions=partitions
+        )
 
     async def set_aside(self, *, subject: str, reason: str, payload: bytes) -> None:
         """A dispatch record this worker cannot run, dead-lettered with the reason."""
@@ -202,8 +199,7 @@ class WorkerRepository:
         return out
 
     async def _read(self, conn: AsyncConnection, job_ids: list[str]) -> Sequence[Any]:
-        """The rows of ``job_ids`` and of the documents of those that are a document's jobs
-        (their input left out), locked in key order: a document before its jobs."""
+        """``job_ids``' rows and their documents' (no input), locked document first."""
         wanted = jobs.c.id.in_(job_ids)
         query = (
             select(
@@ -346,8 +342,7 @@ class WorkerRepository:
         ]
 
     async def is_terminal(self, job_id: str) -> bool:
-        """Whether the job has reached a terminal state (by any attempt, or a cancel), or
-        became a graph whose jobs run it (another attempt cut it)."""
+        """Whether the job ended (any attempt's, a cancel's) or became a graph of parts."""
         async with self._engine.connect() as conn:
             row = (
                 await conn.execute(select(jobs.c.state, GRAPHED).where(jobs.c.id == job_id))

@@ -199,6 +199,7 @@ def claims(settings: Settings, db: AsyncEngine) -> tuple[Carpool, WorkerReposito
         dead_letter_topic=settings.dead_letter_topic,
         carpool=carpool,
         dispatch_topic=settings.dispatch_topic,
+        partitions=settings.partitions,
     )
     carpool.carry = repo.carry  # ends that no claim came for carry each other
     return carpool, repo

@@ -14,6 +14,7 @@ from tests.support.long_text import long_document
 from workers.engines.base import GenerationRequest
 from workers.engines.sim.engine import SimEngine
 from workers.engines.sim.tokens import count_tokens
+from workers.graph.ids import new_id, partition_of
 from workers.graph.plan import SEPARATOR, blocks, group, is_heading, pack, sentences, units
 from workers.graph.splitter import CannotSplit, Splitter
 from workers.repository import Claimed
@@ -129,3 +130,12 @@ async def test_a_max_tokens_that_leaves_no_room_to_combine_is_refused() -> None:
     splitter = Splitter(SimEngine(time_scale=0, max_model_len=512))
     with pytest.raises(CannotSplit, match="ask for at most"):
         await splitter.split(claimed(long_document(2500), max_tokens=300), NOW)
+
+
+def test_a_levels_parts_are_drawn_onto_the_partitions_in_turn() -> None:
+    # The producer's own partitioner (murmur2 of the key) decides: 138 parts on 16
+    # partitions, 8 or 9 each, where ids left to chance fell 16 to 4.
+    placed = [partition_of(new_id(3 + seq, 16), 16) for seq in range(138)]
+    assert placed == [(3 + seq) % 16 for seq in range(138)]
+    assert new_id() != new_id()
+    assert partition_of(new_id(5, 1), 1) == 0
