@@ -17,8 +17,8 @@ own defaults are the longer runs of the README's figures), writes docs/bench/NAM
 NAME.png for each and docs/bench/summary.json, and ends with a table of the headline
 figures. ``--quick`` runs every scenario with ``--quick`` and writes into a temporary
 directory, never docs/bench. The scenarios marked `in_suite=False` (the soak, files,
-retention, costs, relay_rate, fleet, brokers, scale, overview, isolation, toast, webhooks) run only
-when named (``--only soak``).
+retention, costs, relay_rate, fleet, brokers, scale, overview, isolation, toast, webhooks,
+graphs) run only when named (``--only soak``).
 """
 
 from __future__ import annotations
@@ -182,6 +182,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         module="benchmarks.scenarios.webhooks",
         argv=(),
         expected_s=150,
+        in_suite=False,
+    ),
+    # A 1,000-page document as one job on 1, 4 and 16 simulated workers, one sequence an
+    # engine and a batch of 256: the map's speed-up, and a chunk's PostgreSQL statements
+    # against the same chunks as plain jobs.
+    Scenario(
+        name="graphs",
+        module="benchmarks.scenarios.graphs",
+        argv=(),
+        expected_s=2400,
         in_suite=False,
     ),
 )

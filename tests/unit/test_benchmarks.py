@@ -36,6 +36,7 @@ ONLY_WHEN_NAMED = [
     "isolation",
     "toast",
     "webhooks",
+    "graphs",
 ]
 # Scenarios the runner does not run, each with its reason (run as python -m
 # benchmarks.scenarios.NAME); they have the runner's shape all the same.
