@@ -155,8 +155,12 @@ class Control:
 
     async def sweep(self) -> None:
         running = {job_id: r.job.attempt for job_id, r in self._running.items() if not r.reason}
-        documents = sorted(
-            {r.job.parent_id for r in self._running.values() if r.job.parent_id and not r.reason}
+        documents = sorted(  # of the parts running here, the documents with a lease
+            {
+                r.job.parent_id
+                for r in self._running.values()
+                if r.job.parent_id and r.job.abandon_after_s is not None and not r.reason
+            }
         )
         try:
             stopped = await self._repo.stopped(running, documents)

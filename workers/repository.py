@@ -25,7 +25,7 @@ from schemas.tables import jobs, outbox
 from workers.dead_letter_store import set_aside
 from workers.engines.base import SamplingParams
 from workers.gate import Candidate, Drop, candidate_of, event_row, reason_of
-from workers.graph.part_store import GRAPHED, split_rows, with_documents
+from workers.graph.part_store import GRAPHED, lease_of, split_rows, with_documents
 from workers.graph.repository import GraphWriter, document_error
 
 Judge = Callable[[Candidate], Drop | None]
@@ -184,8 +184,8 @@ class WorkerRepository:
                 prompt_tokens = count_tokens(row["input"])
                 document = documents.get(row["parent_id"])
                 drop = judge(candidate_of(row, prompt_tokens, document))
-                if drop is None:
-                    fit[job_id] = (row, prompt_tokens)
+                if drop is None:  # a part keeps its document's lease
+                    fit[job_id] = ({**row, **lease_of(document)}, prompt_tokens)
                 else:
                     out[job_id] = drop
                     if drop.write:

@@ -31,13 +31,20 @@ def test_a_document_is_cut_on_its_paragraphs_within_the_budget() -> None:
     assert SEPARATOR.join(chunks).split(SEPARATOR) == blocks(text)
 
 
-def test_a_heading_starts_a_chunk_once_the_chunk_before_is_half_full() -> None:
-    text = long_document(3000)
-    chunks = pack(units(text, 400, count_tokens), 400, count_tokens)
-    headed = [c for c in chunks if is_heading(c.split(SEPARATOR)[0])]
-    assert len(headed) >= len(chunks) // 2
-    for chunk in chunks:  # no chunk ends on a heading with its section in the next one
+def test_sections_stay_whole_and_chunks_fill() -> None:
+    text = long_document(20_000)
+    chunks = pack(units(text, 1600, count_tokens), 1600, count_tokens)
+    for chunk in chunks:  # a chunk opens a section and ends where one does
+        assert is_heading(chunk.split(SEPARATOR)[0])
         assert not is_heading(chunk.split(SEPARATOR)[-1])
+    # Sections of about 360 tokens: four or so a chunk, not one chunk per section.
+    assert sum(count_tokens(c) for c in chunks) / len(chunks) > 0.8 * 1600
+    big = "## One long section\n\n" + "\n\n".join(
+        " ".join(f"Sentence {i}.{j} of the section." for j in range(8)) for i in range(40)
+    )
+    cut = pack(units(big, 200, count_tokens), 200, count_tokens)
+    assert len(cut) > 5
+    assert all(count_tokens(c) <= 200 for c in cut)
 
 
 def test_a_paragraph_over_the_budget_is_cut_into_sentences_then_words() -> None:

@@ -122,3 +122,10 @@ def split_rows(
     asked = [r for r in rows if r["wanted"]]
     documents = {r["id"]: r for r in rows if not r["wanted"]}
     return asked, documents
+
+
+def lease_of(document: Mapping[Any, Any] | None) -> dict[str, Any]:
+    """What a claimed part takes from its document: its heartbeat lease (the caller polls
+    the document), so the worker sweeps a leased document's parts as often as any leased
+    job, and no other part's."""
+    return {} if document is None else {"abandon_after_s": document["abandon_after_s"]}

@@ -100,16 +100,19 @@ def _tail(chunk: str, overlap: int, count: Count) -> str:
 
 
 def pack(pieces: Sequence[str], budget: int, count: Count, *, overlap: int = 0) -> list[str]:
-    """Consecutive ``pieces`` joined into chunks of at most ``budget`` tokens. A heading
-    closes the chunk before it once that chunk is half full, so sections stay together;
-    each chunk after the first opens with up to ``overlap`` tokens of the one before,
+    """Consecutive ``pieces`` joined into chunks of at most ``budget`` tokens. A section
+    (a heading and what follows it up to the next) goes whole into the chunk before it when
+    it fits there, else opens a chunk of its own, so sections stay together and chunks
+    fill; each chunk after the first opens with up to ``overlap`` tokens of the one before,
     unless it opens a section."""
+    sizes = [count(piece) + 1 for piece in pieces]
+    sections = _sections(pieces, sizes)
     chunks: list[str] = []
     current: list[str] = []
     used = 0
-    for piece in pieces:
-        size = count(piece) + 1
-        closes = current and (used + size > budget or (is_heading(piece) and used > budget // 2))
+    for piece, size, section in zip(pieces, sizes, sections, strict=True):
+        # A section larger than a chunk is cut anyway: it starts a chunk of its own.
+        closes = current and (used + size > budget or used + min(section, budget) > budget)
         if closes:
             chunks.append(SEPARATOR.join(current))
             # A new section needs no overlap: it starts where the text does.
@@ -121,6 +124,19 @@ def pack(pieces: Sequence[str], budget: int, count: Count, *, overlap: int = 0) 
     if current:
         chunks.append(SEPARATOR.join(current))
     return chunks
+
+
+def _sections(pieces: Sequence[str], sizes: Sequence[int]) -> list[int]:
+    """For each piece that is a heading, the tokens of its section (it and the pieces up to
+    the next heading); 0 for the others."""
+    out = [0] * len(pieces)
+    start: int | None = None
+    for i, piece in enumerate(pieces):
+        if is_heading(piece):
+            start = i
+        if start is not None:
+            out[start] += sizes[i]
+    return out
 
 
 def group(tokens: Sequence[int], budget: int, most: int) -> list[list[int]]:

@@ -24,6 +24,8 @@ from workers.graph.ids import new_id, partition_of
 from workers.graph.part_store import Child, Counted, usage_of
 from workers.graph.plan import SEPARATOR, Plan, group
 
+ROWS_A_STATEMENT = 1000  # a part's row has 16 columns
+
 
 class GraphWriter:
     """Writes graphs and their steps for one worker (its events and dispatch topics)."""
@@ -157,8 +159,11 @@ class GraphWriter:
                 deadline=deadline.astimezone(UTC),
             )
             records.append(envelope.outbox_row(topic, child_id))
-        await conn.execute(insert(jobs), rows)
-        await conn.execute(insert(outbox), records)
+        # One multi-row statement each (a list of rows would be one statement a row),
+        # in slices under the protocol's 32,767 parameters.
+        for start in range(0, len(rows), ROWS_A_STATEMENT):
+            await conn.execute(insert(jobs).values(rows[start : start + ROWS_A_STATEMENT]))
+            await conn.execute(insert(outbox).values(records[start : start + ROWS_A_STATEMENT]))
 
     async def after_end(
         self,
