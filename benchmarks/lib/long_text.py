@@ -1,7 +1,6 @@
 """A long document made by code: sections with headings and paragraphs of varied sentences,
 the same for a given seed (no two paragraphs alike, so a summary's extract shows where it
-came from). The same text as tests/support/long_text.py makes for a seed: a benchmark does
-not import the tests."""
+came from). The tests of long documents take it too (``tests/support/long_text.py``)."""
 
 from __future__ import annotations
 
