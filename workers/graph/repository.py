@@ -24,6 +24,19 @@ from workers.graph.ids import new_id, partition_of
 from workers.graph.part_store import Child, Counted, usage_of
 from workers.graph.plan import SEPARATOR, Plan, group
 
+# What a graph's writer reads of its document: never its input (up to 4 MiB) or result.
+_DOCUMENT = (
+    jobs.c.id,
+    jobs.c.tenant,
+    jobs.c.priority,
+    jobs.c.max_tokens,
+    jobs.c.deadline,
+    jobs.c.params,
+    jobs.c.dispatch_topic,
+    jobs.c.callback_url,
+    jobs.c.batch_id,
+    jobs.c.attempt,
+)
 ROWS_A_STATEMENT = 1000  # a part's row has 16 columns
 
 
@@ -86,7 +99,7 @@ class GraphWriter:
                         ~select(graphs.c.job_id).where(graphs.c.job_id == job_id).exists(),
                     )
                     .values(updated_at=now)
-                    .returning(jobs)
+                    .returning(*_DOCUMENT)
                 )
             )
             .mappings()
@@ -209,7 +222,7 @@ class GraphWriter:
                         finished_at=now,
                         updated_at=now,
                     )
-                    .returning(jobs)
+                    .returning(*_DOCUMENT)
                 )
             )
             .mappings()
@@ -273,7 +286,9 @@ class GraphWriter:
         runs = group([usage_of(r)[1] for r in done], graph["budget_tokens"], graph["fan_in"])
         inputs = [SEPARATOR.join(str(done[i]["text"]).strip() for i in run) for run in runs]
         parent = (
-            (await conn.execute(select(jobs).where(jobs.c.id == child.parent_id))).mappings().one()
+            (await conn.execute(select(*_DOCUMENT).where(jobs.c.id == child.parent_id)))
+            .mappings()
+            .one()
         )
         left = reduce_levels(len(inputs), graph["fan_in"])
         deadline = parent["deadline"] - timedelta(seconds=graph["level_s"] * left)
