@@ -33,7 +33,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import RestrictedRegistry
 
-from schemas.constants import M_AT_ONCE, M_RETRIES, M_RIDES
+from schemas.constants import M_AT_ONCE, M_JOINED, M_RETRIES
 
 Role = Literal["api", "relay", "worker", "webhooks"]
 ROLES: tuple[Role, ...] = ("api", "relay", "worker", "webhooks")
@@ -64,11 +64,10 @@ AT_ONCE = Counter(
     registry=None,
 )
 
-RIDES = Counter(
-    M_RIDES,
-    "Writes that waited to ride in another transaction (plumbing.carpool): committed in one "
-    "(outcome=boarded), or alone when none came in time or their carrier failed "
-    "(outcome=alone)",
+JOINED = Counter(
+    M_JOINED,
+    "Writes that waited to join another transaction (plumbing.unit_of_work): committed in "
+    "one (outcome=joined), or alone when none came in time or it failed (outcome=alone)",
     ["outcome"],
     registry=None,
 )
@@ -82,9 +81,9 @@ def _new() -> CollectorRegistry:
 
 
 _REGISTRIES: dict[Role, CollectorRegistry] = {role: _new() for role in ROLES}
-for _role in ("api", "worker"):  # the writers that publish at once and carpool
+for _role in ("api", "worker"):  # the writers that publish at once and join writes
     _REGISTRIES[_role].register(AT_ONCE)
-    _REGISTRIES[_role].register(RIDES)
+    _REGISTRIES[_role].register(JOINED)
 _LABELS: dict[Role, dict[str, str]] = {role: {} for role in ROLES}
 
 

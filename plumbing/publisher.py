@@ -26,7 +26,7 @@ from plumbing.kafka import (
     ensure_topics,
     make_producer,
 )
-from plumbing.mark_store import Acked, OutboxRow
+from plumbing.published_store import Acked, OutboxRow
 
 
 class LogReplaced(KafkaError):  # type: ignore[misc]
@@ -101,6 +101,10 @@ class Publisher:
             Acked(topic=m.topic, partition=m.partition, offset=m.offset, log=self._log)
             for m in metadata
         ]
+
+    @property
+    def dispatch_topics(self) -> frozenset[str]:
+        return self._target.dispatch_topics
 
     def dispatches(self, rows: list[OutboxRow]) -> bool:
         return any(row.topic in self._target.dispatch_topics for row in rows)

@@ -1,7 +1,7 @@
 """A job's end, written by the attempt that ran it: the terminal state and its event in one
-statement, which also marks the events this worker published at once since its last
-statement (``plumbing.at_once``). With a ``Carpool``, the statement waits a little to ride in
-the worker's next claim transaction (one commit for both); else, or when no claim came, it
+statement, which also records the events this worker published at once since its last
+statement (``plumbing.at_once``). The statement waits a little to join the worker's next
+claim transaction (one commit for both, ``plumbing.unit_of_work``); when no claim came, it
 is its own transaction."""
 
 from __future__ import annotations
@@ -10,38 +10,45 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import CTE, column, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.at_once import AtOnce
-from plumbing.carpool import Carpool
-from plumbing.db import transaction
-from plumbing.mark_store import MARKS, Mark, OutboxRow
-from plumbing.mark_store import params as marked
+from plumbing.published_store import RECORDING, OutboxRow
+from plumbing.published_store import params as recorded
+from plumbing.unit_of_work import Unit, UnitOfWork
 from schemas.envelopes import JobEvent
 from schemas.states import JobState
 from workers.graph.part_store import Child, child_end
 from workers.graph.repository import GraphWriter
 from workers.repository import Claimed
 
-_FINISH = """
-WITH written AS (
-    UPDATE jobs SET state = :state, result = CAST(:result AS jsonb),
+
+def _cte(name: str, sql: str) -> CTE:
+    return text(sql).columns().cte(name)
+
+
+_ENDING: tuple[CTE, ...] = (
+    _cte(
+        "written",
+        """UPDATE jobs SET state = :state, result = CAST(:result AS jsonb),
                     error = CAST(:error AS jsonb), decoded_tokens = :decoded_tokens,
                     finished_at = :at, updated_at = :at
     WHERE id = CAST(:id AS uuid) AND state = 'running' AND attempt = :attempt
-    RETURNING id
-), announced AS (
-    INSERT INTO outbox (topic, key, payload, publish_after)
+    RETURNING id""",
+    ),
+    _cte(
+        "announced",
+        """INSERT INTO outbox (topic, key, payload, publish_after)
     SELECT :topic, :key, :payload, now() + CAST(:grace_s AS float8) * interval '1 second'
     FROM written
-    RETURNING id
-)MARKS
-SELECT (SELECT id FROM announced) AS event_id
-"""
-_ALONE = text(_FINISH.replace("MARKS", ""))
-_MARKING = text(_FINISH.replace("MARKS", f", {MARKS}"))
+    RETURNING id""",
+    ),
+)
+_EVENT = text("SELECT (SELECT id FROM announced) AS event_id").columns(column("event_id"))
+FINISH = _EVENT.add_cte(*_ENDING)
+# With the records of the events this worker published at once (``plumbing.published_store``).
+FINISH_RECORDING = _EVENT.add_cte(*_ENDING, *RECORDING)
 
 
 class EndRepository:
@@ -51,15 +58,15 @@ class EndRepository:
         *,
         events_topic: str,
         at_once: AtOnce | None = None,
-        carpool: Carpool | None = None,
+        work: UnitOfWork | None = None,
         graphs: GraphWriter | None = None,
     ) -> None:
-        """``graphs``: writes the step a document's job's end triggers (by default, for
-        the events topic and the first pool)."""
-        self._engine = engine
+        """``at_once``: publishes the events at once; ``work``: the claims the ends join;
+        ``graphs``: writes the step a document's job's end triggers (by default, for the
+        events topic and the first pool)."""
         self._events_topic = events_topic
-        self.at_once = at_once  # publishes the events at once
-        self._carpool = carpool or Carpool(0.0)
+        self.at_once = at_once
+        self._work = work or UnitOfWork(engine, linger_s=0.0)
         self.graphs = graphs or GraphWriter(
             engine, events_topic=events_topic, dispatch_topic="jobs.dispatch"
         )
@@ -110,20 +117,18 @@ class EndRepository:
             "payload": payload,
             "grace_s": self.at_once.grace_s if self.at_once is not None else None,
         }
-        taken: list[Mark] = []
 
-        def undo() -> None:  # its carrier failed: the marks wait for the next statement
-            if self.at_once is not None:
-                self.at_once.restore(taken)
-            taken.clear()
+        async def write(unit: Unit) -> int | None:
+            records = unit.take_published()
+            if records:
+                found = await unit.connection.scalar(
+                    FINISH_RECORDING, {**params, **recorded(records)}
+                )
+            else:
+                found = await unit.connection.scalar(FINISH, params)
+            return None if found is None else int(found)
 
-        async def ride(conn: AsyncConnection) -> int | None:
-            taken.extend(self.at_once.take() if self.at_once is not None else [])
-            return await self._on(conn, params, taken)
-
-        event_id = await self._carpool.ride(
-            ride, lambda: self._write(params), locks=[job.id], undo=undo
-        )
+        event_id = await self._work.join(write, locks=[job.id])
         if event_id is None:
             return False
         if self.at_once is not None:
@@ -145,9 +150,9 @@ class EndRepository:
         """A document's job's end: no event of its own; counted in its graph, and the step
         that count triggers, in one transaction (the claim's it rides in, or its own)."""
 
-        async def write(conn: AsyncConnection) -> bool:
+        async def write(unit: Unit) -> bool:
             counted = await child_end(
-                conn,
+                unit.connection,
                 child,
                 job_id=job.id,
                 attempt=job.attempt,
@@ -157,35 +162,8 @@ class EndRepository:
                 decoded_tokens=decoded_tokens,
                 at=now,
             )
-            await self.graphs.after_end(conn, child, counted, state, error, now)
+            await self.graphs.after_end(unit.connection, child, counted, state, error, now)
             return counted.written
 
-        async def alone() -> bool:
-            async with transaction(self._engine) as conn:
-                return await write(conn)
-
-        return bool(
-            await self._carpool.ride(write, alone, locks=[child.parent_id, job.id], undo=None)
-        )
-
-    async def _write(self, params: dict[str, Any]) -> int | None:
-        """The statement alone, with the marks waiting."""
-        marks = self.at_once.take() if self.at_once is not None else []
-        async with self._engine.connect() as conn:
-            return await self._on(conn, params, marks)
-
-    async def _on(
-        self, conn: AsyncConnection, params: dict[str, Any], marks: list[Mark]
-    ) -> int | None:
-        """The statement on ``conn``, with ``marks`` (given back if it fails)."""
-        try:
-            if marks:
-                found = await conn.scalar(_MARKING, {**params, **marked(marks, ())})
-            else:
-                found = await conn.scalar(_ALONE, params)
-        except DBAPIError:
-            if self.at_once is not None:
-                self.at_once.restore(marks)
-            marks.clear()
-            raise
-        return None if found is None else int(found)
+        locks = [child.parent_id, job.id]
+        return bool(await self._work.join(write, locks=locks, in_transaction=True))

@@ -15,9 +15,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from plumbing.carpool import Boarded, Carpool
 from plumbing.db import transaction
 from plumbing.lock_store import locking_in_order
+from plumbing.unit_of_work import Unit, UnitOfWork
 from schemas import reasons
 from schemas.jobs import JobKind
 from schemas.states import CLAIMABLE_STATES, JobState
@@ -107,16 +107,16 @@ class WorkerRepository:
         *,
         events_topic: str,
         dead_letter_topic: str = "dead-letter",
-        carpool: Carpool | None = None,
+        work: UnitOfWork | None = None,
         dispatch_topic: str = "jobs.dispatch",
         partitions: int = 0,
     ) -> None:
-        """``carpool``: the job ends riding in the next claim; ``dispatch_topic`` and
-        ``partitions``: the pool's, for its graphs' parts (``GraphWriter``)."""
+        """``work``: the job ends (and reports) joining the next claim; ``dispatch_topic``
+        and ``partitions``: the pool's, for its graphs' parts (``GraphWriter``)."""
         self._engine = engine
         self._events_topic = events_topic
         self._dead_letter_topic = dead_letter_topic
-        self._carpool = carpool or Carpool(0.0)
+        self.work = work or UnitOfWork(engine, linger_s=0.0)
         self.graphs = GraphWriter(
             engine, events_topic=events_topic, dispatch_topic=dispatch_topic, partitions=partitions
         )
@@ -143,36 +143,31 @@ class WorkerRepository:
         then finds the job either running (it is aborted) or dropped (the cancel is a
         conflict): one terminal state either way. A job judged fit is claimed (``running``,
         a new attempt); a dropped one gets its terminal state and event here, unless it
-        already had one. Unknown ids map to None. The job ends waiting in the carpool are
+        already had one. Unknown ids map to None. The job ends waiting in the unit of work are
         written in the same transaction, before the claim.
         """
-        if self._carpool.waiting:
+        if self.work.waiting:
             try:
-                return await self._claim_with(job_ids, judge, count_tokens, self._carpool.board())
-            except DBAPIError as exc:  # its riders run alone; the claim is tried again alone
+                return await self._claim_with(job_ids, judge, count_tokens, self.work.take())
+            except DBAPIError as exc:  # its ends run alone; the claim is tried again alone
                 if exc.connection_invalidated:
                     raise
                 log.warning("a claim carrying job ends failed; claiming alone: %r", exc)
-        return await self._claim_with(job_ids, judge, count_tokens, Boarded())
-
-    async def carry(self, riders: Boarded) -> None:
-        """The job ends (and reports) that no claim carried, in one transaction of their
-        own: their rows locked in one order first."""
-        async with transaction(self._engine) as conn:
-            await _run_riders(conn, riders)
+        return await self._claim_with(job_ids, judge, count_tokens, Unit(self.work))
 
     async def _claim_with(
         self,
         job_ids: list[str],
         judge: Judge,
         count_tokens: Callable[[str], int],
-        riders: Boarded,
+        unit: Unit,
     ) -> dict[str, Claimed | Drop | None]:
         now = datetime.now(UTC)
         out: dict[str, Claimed | Drop | None] = dict.fromkeys(job_ids)
-        async with riders.settling(), transaction(self._engine) as conn:
-            if riders.riders:
-                await _run_riders(conn, riders, also=job_ids)
+        async with unit.settling(), transaction(self._engine) as conn:
+            if unit.writes:
+                await lock_rows(conn, [*job_ids, *unit.locks])
+            await unit.run(conn)
             rows, documents = split_rows(await self._read(conn, job_ids))
             fit: dict[str, tuple[Mapping[Any, Any], int]] = {}
             drops: dict[str, tuple[Mapping[Any, Any], Drop]] = {}
@@ -386,10 +381,8 @@ def _claimed(row: Mapping[Any, Any], prompt_tokens: int, attempt: int) -> Claime
     )
 
 
-async def _run_riders(conn: AsyncConnection, riders: Boarded, also: Sequence[str] = ()) -> None:
-    """The riders' writes on ``conn``, their rows and ``also`` (the claimed ones) locked
-    first in one order."""
-    locks = [*also, *riders.locks]
-    if locks:
-        await conn.execute(locking_in_order(jobs, with_documents(locks)))
-    await riders.run(conn)
+async def lock_rows(conn: AsyncConnection, job_ids: Sequence[str]) -> None:
+    """``job_ids``' rows and their documents' locked, in one order (``plumbing.lock_store``):
+    what a transaction that writes several jobs' ends does first."""
+    if job_ids:
+        await conn.execute(locking_in_order(jobs, with_documents(job_ids)))

@@ -10,7 +10,6 @@ from aiokafka import AIOKafkaConsumer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.at_once import AtOnce, at_once_of
-from plumbing.carpool import Carpool
 from plumbing.db import make_engine
 from plumbing.kafka import close_client, make_consumer
 from plumbing.metrics import label
@@ -20,6 +19,7 @@ from plumbing.retry import Stopped, outage, retrying
 from plumbing.settings import Engines, Settings
 from plumbing.settings.engines import SimSettings
 from plumbing.settings.worker import WorkerSettings
+from plumbing.unit_of_work import UnitOfWork
 from workers.consumer import Worker
 from workers.control import Control
 from workers.end_repository import EndRepository
@@ -32,7 +32,7 @@ from workers.kv import ExpectedOutput, SpeedMeter
 from workers.metrics import watch
 from workers.presence.report import Presence, worker_id
 from workers.presence.repository import PresenceRepository
-from workers.repository import WorkerRepository
+from workers.repository import WorkerRepository, lock_rows
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +116,11 @@ def build_presence(
     db: AsyncEngine,
     engine: InferenceEngine,
     gate: PullGate,
-    carpool: Carpool | None = None,
+    work: UnitOfWork | None = None,
 ) -> Presence:
     own = settings.worker
     return Presence(
-        PresenceRepository(db, carpool),
+        PresenceRepository(db, work),
         worker=worker_id(own.worker_group_instance_id),
         # Its pool's model; without pools, as the started engine names it.
         model=settings.worker_model
@@ -189,20 +189,19 @@ def events_topic(settings: Settings) -> dict[str, int]:
     return {settings.events_topic: settings.topic_partitions()[settings.events_topic]}
 
 
-def claims(settings: Settings, db: AsyncEngine) -> tuple[Carpool, WorkerRepository]:
-    """The worker's claims, and the carpool of what rides in them: a job's end and the
-    presence report wait up to ``end_linger_ms`` for the next claim's transaction."""
-    carpool = Carpool(settings.worker.end_linger_ms / 1000)
-    repo = WorkerRepository(
+def claims(settings: Settings, db: AsyncEngine) -> WorkerRepository:
+    """The worker's claims, with the unit of work that joins them: a job's end and the
+    presence report wait up to ``end_linger_ms`` for the next claim's transaction (ends
+    that no claim came for are written together, their rows locked in one order)."""
+    work = UnitOfWork(db, linger_s=settings.worker.end_linger_ms / 1000, lock=lock_rows)
+    return WorkerRepository(
         db,
         events_topic=settings.events_topic,
         dead_letter_topic=settings.dead_letter_topic,
-        carpool=carpool,
+        work=work,
         dispatch_topic=settings.dispatch_topic,
         partitions=settings.partitions,
     )
-    carpool.carry = repo.carry  # ends that no claim came for carry each other
-    return carpool, repo
 
 
 def ends_of(
@@ -210,7 +209,6 @@ def ends_of(
     db: AsyncEngine,
     repo: WorkerRepository,
     at_once: AtOnce | None,
-    carpool: Carpool,
 ) -> EndRepository:
     """The worker's job ends: riding in its claims, published at once, and the steps its
     graphs' parts trigger written with them."""
@@ -218,7 +216,7 @@ def ends_of(
         db,
         events_topic=settings.events_topic,
         at_once=at_once,
-        carpool=carpool,
+        work=repo.work,
         graphs=repo.graphs,
     )
 
@@ -247,14 +245,14 @@ async def run_worker(
         )
         if consumer is None:
             return
-        carpool, repo = claims(settings, db)
+        repo = claims(settings, db)
         control = Control(
             engine=inference,
             repo=repo,
             database_url=settings.database_url,
             sweep_s=own.control_sweep_s,
         )
-        at_once = at_once_of(settings, db, topics=events_topic(settings))
+        at_once = at_once_of(settings, repo.work, topics=events_topic(settings))
         control_stop = asyncio.Event()  # and at once's: after the drain's last ends
         controls = [asyncio.create_task(control.run(control_stop), name="control")]
         if at_once is not None:
@@ -264,7 +262,7 @@ async def run_worker(
             executor = Executor(
                 engine=inference,
                 repo=repo,
-                ends=ends_of(settings, db, repo, at_once, carpool),
+                ends=ends_of(settings, db, repo, at_once),
                 control=control,
                 predecode=build_predecode(own, gate),
                 # A revoked owner's jobs end or are aborted within its drain.
@@ -283,7 +281,7 @@ async def run_worker(
             if on_worker is not None:
                 on_worker(worker)
             presence_stop = asyncio.Event()
-            reporting = build_presence(settings, db, inference, gate, carpool)
+            reporting = build_presence(settings, db, inference, gate, repo.work)
             presence = asyncio.create_task(reporting.run(presence_stop), name="presence")
             try:
                 await worker.run(stop)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from sqlalchemy.exc import DBAPIError
 
 from plumbing.activity import QUIET_S, Activity
-from plumbing.carpool import Carpool
 from plumbing.retry import wait_first
+from plumbing.unit_of_work import UnitOfWork
 from producers.jobs.repository import Flow, JobRepository
 from producers.lag.monitor import LagMonitor
 from producers.metrics import IN_FLIGHT, LATENCY_W, LITTLE_L
@@ -32,18 +32,18 @@ async def report_flow(
     on_flow: Callable[[Flow], None] | None = None,
     pool: tuple[str, bool] | None = None,
     activity: Activity | None = None,
-    via: Carpool | None = None,
+    work: UnitOfWork | None = None,
 ) -> None:
     """Every FLOW_INTERVAL_S: in-flight jobs and W as metrics, and the reading to
     ``on_flow`` (the admission controller's queue and service estimates); of one pool's
     jobs, with ``pool`` (its dispatch topic, and whether it is the first pool), labelled
-    with its monitor's model. ``via``: the reads ride in the next submits' transaction."""
+    with its monitor's model. ``work``: the reads join the next submits' transaction."""
     model = monitor.model
     while not stop.is_set():
         heard = activity.changed() if activity is not None else None
         flow: Flow | None = None
         try:
-            flow = await (repo.flow(*pool, via=via) if pool is not None else repo.flow(via=via))
+            flow = await (repo.flow(*pool, work=work) if pool is not None else repo.flow(work=work))
         except (DBAPIError, OSError) as exc:
             log.warning("flow metrics unavailable: %r", exc)
         else:

@@ -14,11 +14,11 @@ from starlette.datastructures import State
 
 from plumbing.activity import Activity
 from plumbing.at_once import AtOnce, at_once_of
-from plumbing.carpool import Carpool
 from plumbing.db import make_engine
 from plumbing.notify import JobNotice, Listener
 from plumbing.pools import Pool, Pools
 from plumbing.settings import Settings
+from plumbing.unit_of_work import UnitOfWork
 from producers.admission.controller import AdmissionController
 from producers.admission.flow import report_flow
 from producers.admission.ratelimit import TenantLimits
@@ -60,7 +60,7 @@ class Services:
     waiters: Waiters
     reads: Reads
     at_once: AtOnce | None = None  # publishes the submits' dispatch records at once
-    carpool: Carpool | None = None  # the periodic reads riding in the submits' transactions
+    work: UnitOfWork  # the periodic reads joining the submits' transactions
 
     def publish(self, state: State) -> None:
         for field in fields(self):
@@ -80,50 +80,45 @@ class Lifespan:
     @asynccontextmanager
     async def __call__(self, app: FastAPI) -> AsyncIterator[None]:
         pools = Pools(self.settings)
-        # The periodic reads ride in the submits' transactions (plumbing.carpool).
-        carpool = Carpool(self.settings.api.ride_linger_ms / 1000)
         activity = Activity()  # what the jobs listener hears (quiet loops wait on it)
         batch_activity = Activity()  # what it hears of batch jobs (the meter, the lifecycle)
-        async with (
-            _engines(self.settings, self.engine) as (db, submit_db),
-            _lag_sources(pools, db, self.lag_source, activity, carpool) as sources,
-        ):
-            services = build(
-                self.settings, db, submit_db, pools, sources, batch_activity, carpool=carpool
-            )
-            services.publish(app.state)
-            for pool in services.pools:  # serve with a reading, not with "unknown"
-                await pool.monitor.refresh()
-            heard = (activity, batch_activity)
-            async with _background(services, db, self.settings.lag_interval_s, heard):
-                yield
+        async with _engines(self.settings, self.engine) as (db, submit_db):
+            # The periodic reads join the submits' transactions (plumbing.unit_of_work).
+            work = UnitOfWork(submit_db, linger_s=self.settings.api.ride_linger_ms / 1000)
+            async with _lag_sources(pools, db, self.lag_source, activity, work) as sources:
+                services = build(self.settings, db, pools, sources, batch_activity, work=work)
+                services.publish(app.state)
+                for pool in services.pools:  # serve with a reading, not with "unknown"
+                    await pool.monitor.refresh()
+                heard = (activity, batch_activity)
+                async with _background(services, db, self.settings.lag_interval_s, heard):
+                    yield
 
 
 def build(
     settings: Settings,
     db: AsyncEngine,
-    submit_db: AsyncEngine,
     pools: Pools,
     sources: Sequence[tuple[Pool, LagSource]],
     batch_activity: Activity | None = None,
     *,
-    carpool: Carpool | None = None,
+    work: UnitOfWork,
 ) -> Services:
     """``batch_activity``: what the process hears of batch jobs; the batch meters and
     lifecycle wait on it alone, so a stream of single submits does not wake them.
-    ``carpool``: the periodic reads that ride in the groups of submits' transactions."""
+    ``work``: the submits' unit of work, on their own autocommit connections, which the
+    periodic reads join."""
     repo = JobRepository(
         db,
         dispatch_topic=settings.dispatch_topic,
         events_topic=settings.events_topic,
-        autocommit=submit_db,
+        autocommit=work.engine,
         topic_of=pools.topic_of,
-        dispatch_topics=pools.topics(),
+        work=work,
+        at_once=at_once_of(
+            settings, work, topics=pools.topic_partitions(), dispatch_topics=pools.topics()
+        ),
     )
-    repo.at_once = at_once_of(
-        settings, submit_db, topics=pools.topic_partitions(), dispatch_topics=pools.topics()
-    )
-    repo.carpool = carpool
     limits = TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm)
     router = PoolRouter(
         pools,
@@ -152,7 +147,7 @@ def build(
         waiters=Waiters(limit=settings.api_max_connections),
         reads=Reads(repo),
         at_once=repo.at_once,
-        carpool=carpool,
+        work=work,
     )
 
 
@@ -183,7 +178,7 @@ async def _lag_sources(
     db: AsyncEngine,
     given: LagSource | None,
     activity: Activity,
-    carpool: Carpool | None = None,
+    work: UnitOfWork | None = None,
 ) -> AsyncIterator[list[tuple[Pool, LagSource]]]:
     """Each pool's lag source (``given``: the first pool's)."""
     sources: list[tuple[Pool, LagSource]] = []
@@ -193,7 +188,7 @@ async def _lag_sources(
             if given is not None and pool.first:
                 own = given
             else:
-                own = lag_source(pool, db, activity, carpool)
+                own = lag_source(pool, db, activity, work)
             sources.append((pool, own))
         yield sources
     finally:
@@ -251,7 +246,7 @@ async def _background(
             pool.admission.observe,
             at,
             activity,
-            via=services.carpool,
+            work=services.work,
         )
         tasks += [
             asyncio.create_task(pool.monitor.run(stop), name=f"lag-monitor {model}"),
@@ -265,7 +260,7 @@ async def _background(
                 stop,
                 interval_s=lag_interval_s,
                 activity=activity,
-                via=services.carpool,
+                work=services.work,
             ),
             name="jobs-by-state",
         ),

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.activity import Activity
-from plumbing.carpool import Carpool
 from plumbing.pools import Pool, Pools
+from plumbing.unit_of_work import UnitOfWork
 from producers.admission.context import EngineContext
 from producers.admission.context_store import ContextStore
 from producers.admission.controller import AdmissionController
@@ -112,11 +112,11 @@ def pool_services(
 
 
 def lag_source(
-    pool: Pool, db: AsyncEngine, activity: Activity | None = None, carpool: Carpool | None = None
+    pool: Pool, db: AsyncEngine, activity: Activity | None = None, work: UnitOfWork | None = None
 ) -> KafkaLagSource | SharedLagSource:
     """The pool's lag, read from its group's committed offsets on its topic; quiet while
     ``activity`` hears nothing (``producers.lag.kafka``, ``producers.lag.shared``); its
-    statement rides in ``carpool``."""
+    statement joins ``work``."""
     s = pool.settings
     local = KafkaLagSource(
         db=db,
@@ -127,7 +127,7 @@ def lag_source(
         count_open=s.lag_measure == "open",
         first=pool.first,
         activity=activity,
-        carpool=carpool,
+        work=work,
     )
     if s.lag_reader == "own":
         return local

@@ -3,7 +3,7 @@ heartbeats, cancels and abandons with their events, and the flow (L and W) of re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,9 +13,10 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
-from plumbing.carpool import Carpool, on
+from plumbing.at_once import AtOnce
 from plumbing.db import transaction
 from plumbing.lock_store import end_children
+from plumbing.unit_of_work import UnitOfWork, joining
 from producers.jobs.submit_repository import SubmitRepository
 from producers.outbox.repository import of_pool
 from schemas import reasons
@@ -73,15 +74,17 @@ class JobRepository(SubmitRepository):
         events_topic: str,
         autocommit: AsyncEngine | None = None,
         topic_of: Callable[[str | None], str] | None = None,
-        dispatch_topics: Iterable[str] | None = None,
+        work: UnitOfWork | None = None,
+        at_once: AtOnce | None = None,
     ) -> None:
-        """``autocommit``, ``topic_of``, ``dispatch_topics``: see ``SubmitRepository``."""
+        """``autocommit``, ``topic_of``, ``work``, ``at_once``: see ``SubmitRepository``."""
         super().__init__(
             engine,
             dispatch_topic=dispatch_topic,
             autocommit=autocommit,
             topic_of=topic_of,
-            dispatch_topics=dispatch_topics,
+            work=work,
+            at_once=at_once,
         )
         self._events_topic = events_topic
 
@@ -282,11 +285,11 @@ class JobRepository(SubmitRepository):
         return [job_from_row(r) for r in rows[:limit]], len(rows) > limit
 
     async def flow(
-        self, topic: str | None = None, first: bool = True, via: Carpool | None = None
+        self, topic: str | None = None, first: bool = True, work: UnitOfWork | None = None
     ) -> Flow:
         """In-flight jobs (L) and the mean submit-to-terminal time (W) of recent ones: of
         the pool whose dispatch topic is ``topic`` (``first``: the first pool), or of all;
-        riding in ``via``'s next transaction when one comes."""
+        joining ``work``'s next transaction when one comes."""
         pool = of_pool(topic, first) if topic is not None else true()
         now = (
             select(
@@ -323,7 +326,7 @@ class JobRepository(SubmitRepository):
         async def read(conn: AsyncConnection) -> Row[Any]:
             return (await conn.execute(query)).one()
 
-        row = await on(via, self._engine, read)
+        row = await joining(work, self._engine, read)
         return Flow(
             in_flight=int(row.in_flight),
             running=int(row.running),

@@ -4,21 +4,21 @@ statement, and the answer to an idempotent replay."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import Any
 
 import uuid_utils
-from sqlalchemy import BigInteger, column, select, text, tuple_
+from sqlalchemy import CTE, BigInteger, column, select, text, tuple_
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from plumbing.at_once import AtOnce
-from plumbing.carpool import Boarded, Carpool
 from plumbing.db import transaction
-from plumbing.mark_store import MARKS, OutboxRow
-from plumbing.mark_store import params as marked
+from plumbing.published_store import RECORDING, OutboxRow
+from plumbing.published_store import params as recorded
+from plumbing.unit_of_work import Unit, UnitOfWork
 from schemas.envelopes import DispatchEnvelope
 from schemas.errors import IdempotencyConflict, SluicegateError
 from schemas.jobs import Job, NewJob, estimate_tokens, job_from_row
@@ -28,13 +28,19 @@ from schemas.tables import jobs
 # A job as stored, and whether this submit created it (False: an idempotent replay).
 Stored = tuple[Job, bool]
 
+
+def _cte(name: str, sql: str) -> CTE:
+    return text(sql).columns().cte(name)
+
+
 # Single submits, grouped: the jobs and their dispatch records in one statement. A job whose
 # (tenant, idempotency key) is taken already is skipped, and so is its record (the join);
 # its answer is read after. Keyed rows go in key order, so that two groups that share keys
 # take their locks in the same order (no deadlock); the records go in submission order.
-_SUBMIT_GROUP = """
-WITH given AS (
-    SELECT * FROM unnest(
+_GROUP: tuple[CTE, ...] = (
+    _cte(
+        "given",
+        """SELECT * FROM unnest(
         CAST(:ids AS uuid[]), CAST(:tenants AS text[]), CAST(:kinds AS text[]),
         CAST(:priorities AS text[]), CAST(:inputs AS text[]), CAST(:max_tokens AS int[]),
         CAST(:deadlines AS timestamptz[]), CAST(:callback_urls AS text[]),
@@ -43,9 +49,11 @@ WITH given AS (
         CAST(:params AS text[]), CAST(:payloads AS bytea[]), CAST(:topics AS text[])
     ) WITH ORDINALITY AS t(id, tenant, kind, priority, input, max_tokens, deadline,
                            callback_url, idempotency_key, request_hash,
-                           abandon_on_disconnect, abandon_after_s, params, payload, topic, n)
-), new_jobs AS (
-    INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline,
+                           abandon_on_disconnect, abandon_after_s, params, payload, topic, n)""",
+    ),
+    _cte(
+        "new_jobs",
+        """INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline,
                       callback_url, idempotency_key, request_hash, abandon_on_disconnect,
                       abandon_after_s, params, dispatch_topic)
     SELECT id, tenant, kind, 'queued', priority, input, max_tokens, deadline, callback_url,
@@ -54,20 +62,23 @@ WITH given AS (
     FROM given
     ORDER BY tenant, idempotency_key, n
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, deadline, created_at, updated_at, last_seen_at, attempt
-), new_outbox AS (
-    INSERT INTO outbox (topic, key, payload, publish_after)
+    RETURNING id, deadline, created_at, updated_at, last_seen_at, attempt""",
+    ),
+    _cte(
+        "new_outbox",
+        """INSERT INTO outbox (topic, key, payload, publish_after)
     SELECT given.topic, CAST(given.id AS text), given.payload,
            now() + CAST(:grace_s AS float8) * interval '1 second'
     FROM given JOIN new_jobs ON new_jobs.id = given.id
     ORDER BY given.n
-    RETURNING id, key
-)MARKS
-SELECT new_jobs.id, deadline, created_at, updated_at, last_seen_at, attempt,
+    RETURNING id, key""",
+    ),
+)
+_STORED = text(
+    """SELECT new_jobs.id, deadline, created_at, updated_at, last_seen_at, attempt,
        new_outbox.id AS outbox_id
-FROM new_jobs LEFT JOIN new_outbox ON new_outbox.key = CAST(new_jobs.id AS text)
-"""
-_COLUMNS = (
+FROM new_jobs LEFT JOIN new_outbox ON new_outbox.key = CAST(new_jobs.id AS text)"""
+).columns(
     jobs.c.id,
     jobs.c.deadline,
     jobs.c.created_at,
@@ -76,9 +87,9 @@ _COLUMNS = (
     jobs.c.attempt,
     column("outbox_id", BigInteger()),
 )
-# With the marks of the rows this API published at once (``plumbing.mark_store``).
-_SUBMIT_ALONE = text(_SUBMIT_GROUP.replace("MARKS", "")).columns(*_COLUMNS)
-_SUBMIT_MARKING = text(_SUBMIT_GROUP.replace("MARKS", f", {MARKS}")).columns(*_COLUMNS)
+SUBMIT = _STORED.add_cte(*_GROUP)
+# With the records of the rows this API published at once (``plumbing.published_store``).
+SUBMIT_RECORDING = _STORED.add_cte(*_GROUP, *RECORDING)
 
 
 def _json(value: dict[str, Any] | None) -> str | None:
@@ -155,18 +166,20 @@ class SubmitRepository:
         dispatch_topic: str,
         autocommit: AsyncEngine | None = None,
         topic_of: Callable[[str | None], str] | None = None,
-        dispatch_topics: Iterable[str] | None = None,
+        work: UnitOfWork | None = None,
+        at_once: AtOnce | None = None,
     ) -> None:
         """``autocommit``: an engine of autocommit connections for the submits (one
         statement each, its own transaction); by default, ``engine``'s connections, set to
         autocommit when taken. ``topic_of``: the dispatch topic of a model's pool (by
-        default ``dispatch_topic`` for every model); ``dispatch_topics``: every pool's."""
+        default ``dispatch_topic`` for every model). ``work``: the writes that join a
+        group's transaction (the periodic readings, the records of rows published at
+        once); ``at_once``: publishes the dispatch records at once."""
         self._engine = engine
         self._autocommit = autocommit or engine.execution_options(isolation_level="AUTOCOMMIT")
         self._topic_of = topic_of or (lambda _model: dispatch_topic)
-        self._dispatch = frozenset(dispatch_topics or [dispatch_topic])
-        self.at_once: AtOnce | None = None  # publishes the dispatch records at once
-        self.carpool: Carpool | None = None  # readings that ride in a group's transaction
+        self.work = work or UnitOfWork(self._autocommit, linger_s=0.0)
+        self.at_once = at_once
 
     async def submit(self, new: NewJob) -> tuple[Job, bool]:
         """Store the job and its dispatch outbox row in one transaction.
@@ -229,49 +242,49 @@ class SubmitRepository:
     async def _stored(
         self, group: Sequence[NewJob], ids: list[str], params: dict[str, Any]
     ) -> tuple[dict[Any, Row[Any]], dict[tuple[str, str | None], tuple[Job, str | None]]]:
-        """The group's statement: on its own (one statement is its own transaction: its
-        answer comes after its commit), or in one transaction with the readings waiting in
-        ``carpool``, before it. A transaction that fails is tried once more alone, unless
-        its connection broke (its outcome is not known); its riders run alone."""
-        riders = self.carpool.board() if self.carpool is not None else Boarded()
-        if riders.riders:
-            try:
-                async with riders.settling(), transaction(self._autocommit) as conn:
-                    await riders.run(conn)
-                    return await self._on(conn, group, ids, params)
-            except DBAPIError as exc:
-                if exc.connection_invalidated or isinstance(exc, InterfaceError):
-                    raise
+        """The group's statement with the unit of work's writes waiting: in one transaction
+        when writes joined (they run first), else on its own (one statement is its own
+        transaction: its answer comes after its commit). A statement that fails with
+        joined writes or published records (a record may wait for a row a relay holds) is
+        written again alone, unless its connection broke (its outcome is not known); what
+        had joined it runs alone."""
+        unit = self.work.take()
+        try:
+            async with unit.settling():
+                if unit.writes:
+                    async with transaction(self._autocommit) as conn:
+                        await unit.run(conn)
+                        return await self._on(unit, group, ids, params)
+                async with self._autocommit.connect() as conn:
+                    await unit.run(conn)
+                    return await self._on(unit, group, ids, params)
+        except DBAPIError as exc:
+            if exc.connection_invalidated or isinstance(exc, InterfaceError):
+                raise
+            if not unit.carried:
+                raise
         async with self._autocommit.connect() as conn:
-            return await self._on(conn, group, ids, params)
+            rows = list((await conn.execute(SUBMIT, params)).all())
+            return await self._answers(conn, rows, group, ids)
 
     async def _on(
-        self, conn: AsyncConnection, group: Sequence[NewJob], ids: list[str], params: dict[str, Any]
+        self, unit: Unit, group: Sequence[NewJob], ids: list[str], params: dict[str, Any]
     ) -> tuple[dict[Any, Row[Any]], dict[tuple[str, str | None], tuple[Job, str | None]]]:
-        """The group written on ``conn``, and the jobs first stored under the keys it
-        replays."""
-        rows = await self._write(conn, params)
+        """The group written on ``unit``'s connection, recording the rows published at once
+        since the last statement, and the jobs first stored under the keys it replays."""
+        records = unit.take_published()
+        if records:
+            found = await unit.connection.execute(SUBMIT_RECORDING, {**params, **recorded(records)})
+        else:
+            found = await unit.connection.execute(SUBMIT, params)
+        return await self._answers(unit.connection, list(found.all()), group, ids)
+
+    async def _answers(
+        self, conn: AsyncConnection, rows: list[Row[Any]], group: Sequence[NewJob], ids: list[str]
+    ) -> tuple[dict[Any, Row[Any]], dict[tuple[str, str | None], tuple[Job, str | None]]]:
         created = {r.id: r for r in rows}
         missing = [n for job_id, n in zip(ids, group, strict=True) if job_id not in created]
         return created, await self._replays(conn, missing) if missing else {}
-
-    async def _write(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Row[Any]]:
-        """The group written, with the marks of the rows published at once since the last
-        statement. A statement that fails with marks (they may wait for a row a relay
-        holds) is written again without them, unless its connection broke (its outcome is
-        not known); the marks wait for the next."""
-        marks = self.at_once.take() if self.at_once is not None else []
-        if not marks:
-            return list((await conn.execute(_SUBMIT_ALONE, params)).all())
-        try:
-            found = await conn.execute(_SUBMIT_MARKING, {**params, **marked(marks, self._dispatch)})
-            return list(found.all())
-        except DBAPIError as exc:
-            assert self.at_once is not None
-            self.at_once.restore(marks)
-            if exc.connection_invalidated or isinstance(exc, InterfaceError):
-                raise
-        return list((await conn.execute(_SUBMIT_ALONE, params)).all())
 
     async def _replays(
         self, conn: AsyncConnection, group: Sequence[NewJob]

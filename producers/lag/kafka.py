@@ -21,8 +21,8 @@ from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.activity import QUIET_S, Activity
-from plumbing.carpool import Carpool
 from plumbing.kafka import GroupReader
+from plumbing.unit_of_work import UnitOfWork
 from producers.lag.repository import LagRepository, Share
 from producers.lag.rule import Reading
 
@@ -52,10 +52,10 @@ class KafkaLagSource:
         count_open: bool = True,
         first: bool = True,
         activity: Activity | None = None,
-        carpool: Carpool | None = None,
+        work: UnitOfWork | None = None,
     ) -> None:
         """``activity``: what this process hears (None: PostgreSQL is read every time);
-        ``carpool``: PostgreSQL's part rides in the next submit's transaction."""
+        ``work``: PostgreSQL's part joins the next submit's transaction."""
         self._topic = topic
         self._partitions = partitions
         self._reader = GroupReader(bootstrap, group_id)
@@ -65,7 +65,7 @@ class KafkaLagSource:
             partitions=partitions,
             count_open=count_open,
             first=first,
-            carpool=carpool,
+            work=work,
         )
         self._activity = activity
         self._settled: _Settled | None = None

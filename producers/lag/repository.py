@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
-from plumbing.carpool import Carpool, on
+from plumbing.unit_of_work import UnitOfWork, joining
 from producers.lag.rule import Reading
 from producers.outbox.repository import of_pool
 from schemas.states import JobState
@@ -59,12 +59,12 @@ class LagRepository:
         partitions: int,
         count_open: bool = True,
         first: bool = True,
-        carpool: Carpool | None = None,
+        work: UnitOfWork | None = None,
     ) -> None:
         """``first``: the first pool's topic (its jobs include those stored before pools);
-        ``carpool``: the reading rides in the next submit's transaction when one comes."""
+        ``work``: the reading joins the next submit's transaction when one comes."""
         self._db = db
-        self._carpool = carpool
+        self._work = work
         self._topic = topic
         self._first = first
         self._partitions = partitions
@@ -114,7 +114,7 @@ class LagRepository:
             mark = marker() if marker is not None else None  # as its snapshot begins
             return mark, (await conn.execute(query)).one()
 
-        mark, row = await on(self._carpool, self._db, read)
+        mark, row = await joining(self._work, self._db, read)
         if share is not None:
             share.done(bool(row.wrote))
         ends_of = {int(p): int(n) for p, n in row.ends.items()}

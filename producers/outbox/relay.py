@@ -19,7 +19,7 @@ import logging
 import asyncpg
 
 from plumbing.db import libpq_url
-from plumbing.mark_store import Acked, OutboxRow
+from plumbing.published_store import Acked, OutboxRow
 from plumbing.publisher import Publisher, Target
 from plumbing.retry import Stopped, outage, retrying, wait_first
 from producers.metrics import RELAY_PUBLISHED

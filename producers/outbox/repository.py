@@ -26,7 +26,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from plumbing.db import transaction
 from plumbing.lock_store import locking_in_order
-from plumbing.mark_store import Acked, Mark, OutboxRow, mark
+from plumbing.published_store import Acked, OutboxRow, Published, record
 from producers.outbox.rule import LogView, Lost, Position
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import estimate_tokens
@@ -160,7 +160,8 @@ class OutboxStore:
         self._topics = dispatch_topics or frozenset([dispatch_topic])
 
     async def publish_batch(self, limit: int, publish: Publish) -> Round:
-        """Lock up to ``limit`` unpublished rows, publish them, mark them; all or nothing.
+        """Lock up to ``limit`` unpublished rows, publish them, record them as published;
+        all or nothing.
 
         Several relays may run this at once: each locks rows the others have not
         (``SKIP LOCKED``), and a row whose key has an earlier row still unpublished outside
@@ -179,8 +180,13 @@ class OutboxStore:
             if not rows:
                 return Round(deferred=len(found))
             acked = await publish(rows)
-            marks = [Mark(row=r, acked=a) for r, a in zip(rows, acked, strict=True)]
-            await mark(conn, marks, self._topics)
+            await record(
+                conn,
+                [
+                    Published(row=r, acked=a, dispatch=r.topic in self._topics)
+                    for r, a in zip(rows, acked, strict=True)
+                ],
+            )
         return Round(published=len(rows), deferred=len(found) - len(rows))
 
     async def reset_ends(self, log: str | None = None, ends: dict[int, int] | None = None) -> int:

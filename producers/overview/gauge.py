@@ -14,8 +14,8 @@ from prometheus_client import Gauge
 from sqlalchemy.exc import DBAPIError
 
 from plumbing.activity import QUIET_S, Activity
-from plumbing.carpool import Carpool
 from plumbing.retry import wait_first
+from plumbing.unit_of_work import UnitOfWork
 from producers.metrics import JOBS_BY_STATE
 from producers.overview.repository import UNENDED, OverviewStore
 
@@ -46,11 +46,11 @@ async def report_jobs_by_state(
     *,
     interval_s: float,
     activity: Activity | None = None,
-    via: Carpool | None = None,
+    work: UnitOfWork | None = None,
 ) -> None:
     """Every ``interval_s`` until ``stop``: read the counts and set the gauge. A failed read
-    is logged (once an outage), and the gauge keeps its last reading. ``via``: the reads
-    ride in the next submits' transaction."""
+    is logged (once an outage), and the gauge keeps its last reading. ``work``: the reads
+    join the next submits' transaction."""
     gauge = JobsByState()
     interval_s = max(interval_s, MIN_INTERVAL_S)
     failing = False
@@ -60,7 +60,7 @@ async def report_jobs_by_state(
         version = activity.version if activity is not None else 0
         quiet = False
         try:
-            counts = await store.unended(via)
+            counts = await store.unended(work)
         except (DBAPIError, OSError) as exc:
             if not failing:  # once, not at every interval of an outage
                 log.warning("jobs-by-state gauge: cannot read the jobs: %r", exc)

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from plumbing.carpool import Carpool, on
+from plumbing.unit_of_work import UnitOfWork, joining
 from producers.jobs.repository import job_model
 from schemas.states import TERMINAL_STATES, JobState
 from schemas.tables import jobs, webhook_deliveries, workers
@@ -74,14 +74,14 @@ class OverviewStore:
             ]
         return sorted((str(m), str(s), int(n)) for m, s, n in rows)
 
-    async def unended(self, via: Carpool | None = None) -> list[tuple[str, str, int]]:
+    async def unended(self, work: UnitOfWork | None = None) -> list[tuple[str, str, int]]:
         """(model, state, count) of every tenant's jobs not ended (the jobs-by-state gauge),
-        riding in ``via``'s next transaction when one comes."""
+        joining ``work``'s next transaction when one comes."""
 
         async def read(conn: AsyncConnection) -> list[tuple[Any, ...]]:
             return [tuple(r) for r in await conn.execute(unended_counts(None))]
 
-        rows = await on(via, self._engine, read)
+        rows = await joining(work, self._engine, read)
         return sorted((str(m), str(s), int(n)) for m, s, n in rows)
 
     async def drops(self, tenant: str | None, window_s: float) -> list[tuple[str, str, int]]:

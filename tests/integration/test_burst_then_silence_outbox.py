@@ -17,16 +17,16 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.at_once import at_once_of
-from plumbing.carpool import Carpool
-from plumbing.mark_store import OutboxRow
+from plumbing.published_store import OutboxRow
 from plumbing.settings import Settings
+from plumbing.unit_of_work import UnitOfWork
 from schemas.states import JobState
 from schemas.tables import jobs, outbox
 from tests.integration.pipeline import relay_only
 from tests.integration.rows import claimed, job
 from tests.support.loops import running, within
 from workers.end_repository import EndRepository
-from workers.repository import WorkerRepository
+from workers.repository import lock_rows
 from workers.service import events_topic
 
 SLACK_S = 5.0
@@ -112,7 +112,7 @@ async def test_at_once_marks_the_last_row_of_a_burst_within_its_linger(
     s = settings.model_copy(
         update={"publish_mark_linger_s": 0.3, "publish_at_once_grace_s": 3600.0}
     )
-    at_once = at_once_of(s, db, topics=events_topic(s))
+    at_once = at_once_of(s, UnitOfWork(db, linger_s=0.0), topics=events_topic(s))
     assert at_once is not None
     keys: list[str] = []
     async with running(at_once.run):
@@ -149,9 +149,11 @@ async def test_end_writes_commit_the_last_of_a_burst_within_its_linger(
     that carries it. Three waves of ten ends, 0.15 s apart (under the 0.3 s linger), then
     silence."""
     linger_s = 0.3
-    carpool = Carpool(linger_s)
-    ends = EndRepository(db, events_topic=settings.events_topic, carpool=carpool)
-    carpool.carry = WorkerRepository(db, events_topic=settings.events_topic, carpool=carpool).carry
+    ends = EndRepository(
+        db,
+        events_topic=settings.events_topic,
+        work=UnitOfWork(db, linger_s=linger_s, lock=lock_rows),
+    )
     rows = [job(f"end-{n}", "running", None, attempt=1) for n in range(30)]
     async with db.begin() as conn:
         await conn.execute(insert(jobs), rows)

@@ -22,7 +22,7 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.kafka import cluster_id, make_producer
-from plumbing.mark_store import Acked, OutboxRow
+from plumbing.published_store import Acked, OutboxRow
 from plumbing.settings import Settings
 from producers.batches.repository import BatchStore
 from producers.outbox.repository import OutboxStore, dispatch_row

@@ -16,10 +16,10 @@ from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.at_once import AtOnce, at_once_of
-from plumbing.mark_store import marker
 from plumbing.metrics import registry
 from plumbing.publisher import Publisher, Target
 from plumbing.settings import Settings
+from plumbing.unit_of_work import UnitOfWork
 from producers.jobs.submit_repository import SubmitRepository
 from producers.outbox.repository import OutboxStore
 from schemas.constants import M_AT_ONCE
@@ -86,15 +86,16 @@ async def test_submits_are_dispatched_and_marked_by_the_next_statement(
 ) -> None:
     tuned = settings.model_copy(update={"publish_mark_linger_s": 60.0})  # no flush alone
     topics = frozenset([tuned.dispatch_topic])
-    repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic)
-    repo.at_once = at_once_of(tuned, db, topics=tuned.topic_partitions(), dispatch_topics=topics)
-    async with running(repo.at_once) as at_once:
+    work = UnitOfWork(db, linger_s=0.0)
+    at_once = at_once_of(tuned, work, topics=tuned.topic_partitions(), dispatch_topics=topics)
+    repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic, work=work, at_once=at_once)
+    async with running(at_once):
         first, _ = await repo.submit(submitted("first"))
-        await within(10, lambda: at_once.marks_waiting == 1)
-        assert await unpublished(db) == 1  # sent, not marked yet
-        second, _ = await repo.submit(submitted("second"))  # carries the first's mark
-        assert await unpublished(db) == 1  # the second's own row waits for a mark
-        await within(10, lambda: at_once.marks_waiting == 1)
+        await within(10, lambda: work.published_waiting == 1)
+        assert await unpublished(db) == 1  # sent, not recorded yet
+        second, _ = await repo.submit(submitted("second"))  # records the first
+        assert await unpublished(db) == 1  # the second's own row waits to be recorded
+        await within(10, lambda: work.published_waiting == 1)
     # Stopping wrote the marks left.
     assert await unpublished(db) == 0
     sent = await records(tuned.require_kafka(), tuned.dispatch_topic, 2)
@@ -118,9 +119,10 @@ async def test_a_row_its_writer_left_is_the_relays_after_its_grace(
     settings: Settings, db: AsyncEngine
 ) -> None:
     tuned = settings.model_copy(update={"publish_at_once_grace_s": 2.0})
-    repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic)
+    work = UnitOfWork(db, linger_s=0.0)
     # Never run: what is offered is left to the relay (as with the broker down).
-    repo.at_once = at_once_of(tuned, db, topics=tuned.topic_partitions())
+    at_once = at_once_of(tuned, work, topics=tuned.topic_partitions())
+    repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic, work=work, at_once=at_once)
     stored, _ = await repo.submit(submitted("left"))
     store = OutboxStore(db, dispatch_topic=tuned.dispatch_topic)
     publisher = Publisher(
@@ -165,7 +167,7 @@ async def test_a_workers_job_event_is_published_at_once_and_marked_alone(
     ends = EndRepository(
         db,
         events_topic=tuned.events_topic,
-        at_once=at_once_of(tuned, db, topics=events_topic(tuned)),
+        at_once=at_once_of(tuned, UnitOfWork(db, linger_s=0.0), topics=events_topic(tuned)),
     )
     async with running(ends.at_once):
         assert await ends.finish(ran, JobState.SUCCEEDED, result={"text": "done"})
@@ -189,10 +191,11 @@ async def test_a_row_not_sent_at_once_is_left_to_the_relay(
         topics=tuned.topic_partitions(),
         dispatch_topics=dispatch,
     )
-    repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic)
-    repo.at_once = AtOnce(gone, flush=marker(db, dispatch), linger_s=0.2, grace_s=2.0)
+    work = UnitOfWork(db, linger_s=0.0)
+    at_once = AtOnce(gone, work=work, linger_s=0.2, grace_s=2.0)
+    repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic, work=work, at_once=at_once)
     before = left_to_relay()
-    async with running(repo.at_once):
+    async with running(at_once):
         stored, _ = await repo.submit(submitted("unsent"))
         await within(20, lambda: left_to_relay() > before)
     assert await unpublished(db) == 1

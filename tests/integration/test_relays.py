@@ -17,8 +17,8 @@ from sqlalchemy import func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.kafka import cluster_id, make_producer
-from plumbing.mark_store import Acked, OutboxRow
 from plumbing.pools import Pools
+from plumbing.published_store import Acked, OutboxRow
 from plumbing.settings import Settings
 from producers.outbox.repository import OutboxStore, dispatch_row
 from producers.service import run_relay

@@ -16,7 +16,7 @@ SHARED = {c.M_RETRIES}
 OWN: dict[Role, set[str]] = {
     "api": {
         c.M_AT_ONCE,
-        c.M_RIDES,
+        c.M_JOINED,
         c.M_SUBMITTED,
         c.M_REFUSED,
         c.M_SUBMIT_GROUP,
@@ -37,7 +37,7 @@ OWN: dict[Role, set[str]] = {
     "relay": {c.M_RELAY_PUBLISHED, c.M_RECONCILED, c.M_PRUNED},
     "worker": {
         c.M_AT_ONCE,
-        c.M_RIDES,
+        c.M_JOINED,
         c.M_JOBS_STARTED,
         c.M_GRAPHS,
         c.M_GRAPH_CHUNKS,

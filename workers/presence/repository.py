@@ -1,7 +1,7 @@
 """A worker's row in ``workers``: written when its report changes and at least every other
 ``worker_report_s``, deleted at a clean stop (``workers.presence``); each one statement. A
-report rides in the worker's next claim transaction (``plumbing.carpool``) when one comes
-within the carpool's linger."""
+report joins the worker's next claim transaction (``plumbing.unit_of_work``) when one
+comes within its linger."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sqlalchemy import delete, func
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from plumbing.carpool import Carpool, on
+from plumbing.unit_of_work import UnitOfWork, joining
 from schemas.tables import workers
 
 
@@ -27,9 +27,9 @@ class WorkerReport:
 
 
 class PresenceRepository:
-    def __init__(self, engine: AsyncEngine, carpool: Carpool | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, work: UnitOfWork | None = None) -> None:
         self._engine = engine
-        self._carpool = carpool
+        self._work = work
 
     async def report(self, report: WorkerReport) -> None:
         values = asdict(report)
@@ -42,7 +42,7 @@ class PresenceRepository:
         async def write(conn: AsyncConnection) -> None:
             await conn.execute(statement)
 
-        await on(self._carpool, self._engine, write)
+        await joining(self._work, self._engine, write)
 
     async def leave(self, worker_id: str) -> None:
         async with self._engine.connect() as conn:

@@ -1,4 +1,4 @@
-"""A job's end rides in the worker's next claim (``plumbing.carpool``): one transaction
+"""A job's end joins the worker's next claim (``plumbing.unit_of_work``): one transaction
 commits both, on the real PostgreSQL. Rows written by one transaction carry its id as
 ``xmin``, so the test reads whether the end and the claim committed together."""
 
@@ -10,14 +10,14 @@ import pytest
 from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from plumbing.carpool import Carpool
 from plumbing.settings import Settings
+from plumbing.unit_of_work import UnitOfWork
 from schemas.states import JobState
 from schemas.tables import jobs, outbox
 from tests.integration.rows import claimed, job
 from workers.end_repository import EndRepository
 from workers.gate import Candidate, Drop
-from workers.repository import Claimed, WorkerRepository
+from workers.repository import Claimed, WorkerRepository, lock_rows
 
 
 async def two_jobs(db: AsyncEngine) -> tuple[Claimed, str]:
@@ -49,16 +49,15 @@ async def events_of(db: AsyncEngine, job_id: str) -> int:
 def repositories(
     db: AsyncEngine, settings: Settings, linger_s: float
 ) -> tuple[EndRepository, WorkerRepository]:
-    carpool = Carpool(linger_s)
-    ends = EndRepository(db, events_topic=settings.events_topic, carpool=carpool)
-    claims = WorkerRepository(db, events_topic=settings.events_topic, carpool=carpool)
-    carpool.carry = claims.carry
+    work = UnitOfWork(db, linger_s=linger_s, lock=lock_rows)
+    ends = EndRepository(db, events_topic=settings.events_topic, work=work)
+    claims = WorkerRepository(db, events_topic=settings.events_topic, work=work)
     return ends, claims
 
 
 async def until_waiting(claims: WorkerRepository, ends_task: asyncio.Task[bool]) -> None:
     for _ in range(200):
-        if claims._carpool.waiting or ends_task.done():
+        if claims.work.waiting or ends_task.done():
             return
         await asyncio.sleep(0.01)
     pytest.fail("the end never waited for a claim")
@@ -92,7 +91,7 @@ async def test_an_end_no_claim_came_for_commits_alone(db: AsyncEngine, settings:
     assert await events_of(db, ended.id) == 1
 
 
-async def test_a_claim_that_fails_leaves_its_riders_to_commit_alone(
+async def test_a_claim_that_fails_leaves_its_joined_ends_to_commit_alone(
     db: AsyncEngine, settings: Settings
 ) -> None:
     ends, claims = repositories(db, settings, linger_s=30.0)

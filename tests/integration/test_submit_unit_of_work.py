@@ -1,6 +1,6 @@
-"""The API's periodic reads ride in a group of submits' transaction (``plumbing.carpool``),
+"""The API's periodic reads join a group of submits' transaction (``plumbing.unit_of_work``),
 on the real PostgreSQL: one commit for the reads and the jobs. A transaction's id is the
-``xmin`` of the rows it wrote, so a rider that asks ``txid_current()`` tells which one it
+``xmin`` of the rows it wrote, so a write that asks ``txid_current()`` tells which one it
 ran in."""
 
 from __future__ import annotations
@@ -9,25 +9,23 @@ import asyncio
 from typing import Any
 
 from sqlalchemy import select, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from plumbing.carpool import Carpool
 from plumbing.settings import Settings
+from plumbing.unit_of_work import Unit, UnitOfWork
 from producers.jobs.repository import JobRepository
 from schemas.tables import jobs
 from tests.integration.rows import submitted
 
 
-def repository(db: AsyncEngine, settings: Settings, carpool: Carpool) -> JobRepository:
-    repo = JobRepository(
-        db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic
+def repository(db: AsyncEngine, settings: Settings, work: UnitOfWork) -> JobRepository:
+    return JobRepository(
+        db, dispatch_topic=settings.dispatch_topic, events_topic=settings.events_topic, work=work
     )
-    repo.carpool = carpool
-    return repo
 
 
-async def txid(conn: AsyncConnection) -> int:
-    return int(await conn.scalar(text("SELECT txid_current()")) or 0)
+async def txid(unit: Unit) -> int:
+    return int(await unit.connection.scalar(text("SELECT txid_current()")) or 0)
 
 
 async def xmin(db: AsyncEngine, job_id: str) -> int:
@@ -38,24 +36,20 @@ async def xmin(db: AsyncEngine, job_id: str) -> int:
     return int(found or 0)
 
 
-async def waiting(carpool: Carpool, n: int) -> None:
+async def waiting(work: UnitOfWork, n: int) -> None:
     for _ in range(200):
-        if carpool.waiting >= n:
+        if work.waiting >= n:
             return
         await asyncio.sleep(0.01)
-    raise AssertionError(f"{carpool.waiting} riders waited, not {n}")
+    raise AssertionError(f"{work.waiting} writes waited, not {n}")
 
 
 async def test_the_reads_commit_with_the_next_group(db: AsyncEngine, settings: Settings) -> None:
-    carpool = Carpool(30.0)
-    repo = repository(db, settings, carpool)
-
-    async def never_alone() -> int:
-        raise AssertionError("the rider ran alone")
-
-    rider = asyncio.create_task(carpool.ride(txid, never_alone))
-    flow = asyncio.create_task(repo.flow(via=carpool))
-    await waiting(carpool, 2)
+    work = UnitOfWork(db, linger_s=30.0)
+    repo = repository(db, settings, work)
+    rider = asyncio.create_task(work.join(txid))
+    flow = asyncio.create_task(repo.flow(work=work))
+    await waiting(work, 2)
     [answer] = await repo.submit_group([submitted()])
     assert not isinstance(answer, Exception)
     job, created = answer
@@ -63,26 +57,25 @@ async def test_the_reads_commit_with_the_next_group(db: AsyncEngine, settings: S
     assert await asyncio.wait_for(rider, 5) == await xmin(db, job.id)
     # Read before the group's statement ran, so without its job (as a read alone before it).
     assert (await asyncio.wait_for(flow, 5)).in_flight == 0
-    assert carpool.waiting == 0
+    assert work.waiting == 0
 
 
 async def test_a_rider_that_fails_leaves_the_group_stored(
     db: AsyncEngine, settings: Settings
 ) -> None:
-    carpool = Carpool(30.0)
-    repo = repository(db, settings, carpool)
+    work = UnitOfWork(db, linger_s=30.0)
+    repo = repository(db, settings, work)
     ran: list[str] = []
 
-    async def broken(conn: AsyncConnection) -> Any:
+    async def broken(unit: Unit) -> Any:
+        if ran:  # alone, after the group's transaction failed
+            ran.append("alone")
+            return "alone"
         ran.append("in the group")
-        return await conn.scalar(text("SELECT 1 / 0"))
+        return await unit.connection.scalar(text("SELECT 1 / 0"))
 
-    async def alone() -> str:
-        ran.append("alone")
-        return "alone"
-
-    rider = asyncio.create_task(carpool.ride(broken, alone))
-    await waiting(carpool, 1)
+    rider = asyncio.create_task(work.join(broken))
+    await waiting(work, 1)
     [answer] = await repo.submit_group([submitted()])
     assert not isinstance(answer, Exception)
     job, created = answer

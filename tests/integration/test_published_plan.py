@@ -1,22 +1,23 @@
-"""The marks' statement stays linear in its marks on the real database: under the generic
-plan that a prepared statement gets (the planner counts a few rows in a CTE over
+"""Recording rows as published stays linear in the rows on the real database: under the
+generic plan that a prepared statement gets (the planner counts a few rows in a CTE over
 ``unnest``), each CTE is scanned once, not once per row of another. A nested loop over two
-CTEs had made a statement of 2,944 marks take a second, and the marks that waited meanwhile
-made the next one longer."""
+CTEs had made a statement of 2,944 records take a second, and the records that waited
+meanwhile made the next one longer."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sqlalchemy import func, insert, select, text
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from plumbing.mark_store import MARKS, Acked, Mark, OutboxRow, params
+from plumbing.published_store import RECORD, Acked, OutboxRow, Published, params
 from plumbing.settings import Settings
 from schemas.tables import jobs, outbox
 from tests.integration.rows import job
 
-MARKED = 2_000
+RECORDED = 2_000
 
 
 def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -26,11 +27,11 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-async def test_a_statement_of_many_marks_scans_each_cte_once(
+async def test_a_statement_of_many_records_scans_each_cte_once(
     db: AsyncEngine, settings: Settings
 ) -> None:
     topic = settings.dispatch_topic
-    rows = [job(f"doc {i}", "queued", None, dispatch_topic=topic) for i in range(MARKED)]
+    rows = [job(f"doc {i}", "queued", None, dispatch_topic=topic) for i in range(RECORDED)]
     async with db.begin() as conn:
         await conn.execute(insert(jobs), rows)
         ids = (
@@ -39,24 +40,22 @@ async def test_a_statement_of_many_marks_scans_each_cte_once(
                 [{"topic": topic, "key": r["id"], "payload": b"{}"} for r in rows],
             )
         ).scalars()
-    marks = [
-        Mark(
+    records = [
+        Published(
             row=OutboxRow(id=outbox_id, topic=topic, key=r["id"], payload=b"{}"),
             acked=Acked(topic=topic, partition=i % 4, offset=i // 4),
+            dispatch=True,
         )
         for i, (outbox_id, r) in enumerate(zip(ids, rows, strict=True))
     ]
-    explained = text(
-        "EXPLAIN (ANALYZE, FORMAT JSON) WITH "
-        + MARKS
-        + "\nSELECT (SELECT count(*) FROM m_positioned)"
-    )
+    statement = RECORD.compile(dialect=postgresql.dialect(paramstyle="named"))
+    explained = text(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}")
     async with db.begin() as conn:
         await conn.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
-        plan = (await conn.execute(explained, params(marks, [topic]))).scalar_one()[0]["Plan"]
+        plan = (await conn.execute(explained, params(records))).scalar_one()[0]["Plan"]
         scans = [n for n in _nodes(plan) if n["Node Type"] == "CTE Scan"]
         assert scans, "no CTE scanned: the statement changed shape"
         looped = [(n["CTE Name"], n["Actual Loops"]) for n in scans if n["Actual Loops"] > 1]
         assert looped == []
         dispatched = select(func.count()).where(jobs.c.state == "dispatched")
-        assert (await conn.execute(dispatched)).scalar_one() == MARKED
+        assert (await conn.execute(dispatched)).scalar_one() == RECORDED
