@@ -26,7 +26,7 @@ from workers.group.kip848 import GroupConsumer, Record
 from workers.group.listener import Rebalance
 from workers.group.offsets import OffsetTracker
 from workers.metrics import DEAD_LETTERED, DROPPED, JOBS_RUNNING, PAUSED_SECONDS
-from workers.repository import Claimed
+from workers.repository import ClaimedJob
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ class Worker:
     def _settle(
         self,
         batch: list[tuple[Held, Progress]],
-        outcomes: dict[str, Claimed | Drop | None] | None,
+        outcomes: dict[str, ClaimedJob | Drop | None] | None,
     ) -> tuple[list[Held], bool]:
         """Start the claimed jobs of ``batch`` and let go of the rest, without an await (a
         revoke that waits for this finds every claimed job running). Returns the records
@@ -233,7 +233,7 @@ class Worker:
         dropped = False
         for held, progress in batch:
             outcome = outcomes.get(held.envelope.job_id) if outcomes is not None else None
-            if isinstance(outcome, Claimed):
+            if isinstance(outcome, ClaimedJob):
                 self._launch(held, outcome, progress)
                 continue
             self.gate.finished(held.envelope.job_id)
@@ -247,7 +247,7 @@ class Worker:
                 unknown.append(held)
         return unknown, dropped
 
-    def _launch(self, held: Held, job: Claimed, progress: Progress) -> None:
+    def _launch(self, held: Held, job: ClaimedJob, progress: Progress) -> None:
         task = asyncio.create_task(self.executor.run(job, progress), name=f"job-{job.id}")
         self._tasks[task] = Started(held.tp, held.offset, job.id, self._offsets)
         JOBS_RUNNING.set(self.running)
