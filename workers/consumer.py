@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException
 from pydantic import ValidationError
 
 from plumbing.kafka import cluster_id
-from plumbing.retry import Later, Stopped, outage, retrying, wait_first
+from plumbing.retry import Backoff, Stopped, outage, retrying, wait_first
 from schemas.envelopes import DispatchEnvelope
 from workers.dead_letter_store import record_subject
 from workers.execution import Executor, Progress
@@ -99,7 +99,7 @@ class Worker:
         self._changed = asyncio.Event()
         gate.on_release = self._changed.set  # room, before the job's end is written
         self._commit_lock = asyncio.Lock()
-        self._recommit = Later()  # a failed commit is tried again, whatever ends next
+        self._recommit = Backoff()  # a failed commit is tried again, whatever ends next
         self._paused_since: float | None = None
         self.held: Held | None = None
 

@@ -179,7 +179,9 @@ class WorkerRepository:
             for row in rows:
                 job_id = str(row["id"])
                 if row["graphed"]:  # its graph runs: its record is let go
-                    out[job_id] = Drop(state=JobState.RUNNING, reason=reasons.GRAPHED, write=False)
+                    out[job_id] = Drop(
+                        state=JobState.RUNNING, reason=reasons.GRAPHED, store_state=False
+                    )
                     continue
                 prompt_tokens = count_tokens(row["input"])
                 document = documents.get(row["parent_id"])
@@ -188,7 +190,7 @@ class WorkerRepository:
                     fit[job_id] = ({**row, **lease_of(document)}, prompt_tokens)
                 else:
                     out[job_id] = drop
-                    if drop.write:
+                    if drop.store_state:
                         drops[job_id] = (row, drop)
             if fit:
                 claimed = await self._claim(conn, list(fit), now)
