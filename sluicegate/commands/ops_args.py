@@ -47,8 +47,7 @@ class Subcommands(Protocol):
 def add(sub: Subcommands) -> None:
     status = sub.add_parser(
         "status",
-        help="the pipeline at a glance: admission and lag, jobs by model and state, drops, "
-        "workers",
+        help="the pipeline at a glance: admission and lag, jobs by model and state, drops, workers",
     )
     status.add_argument("--api", default=None, help=API_HELP)
     status.add_argument(
