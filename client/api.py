@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from client.coalesce import Answer, BulkRefused, Coalescer, encoded
+from client.coalesce import BulkRefused, Coalescer, JobAnswer, encoded
 from schemas import constants
 from schemas.api import JobList, JobView, SubmitResponse
 from schemas.batches import BatchList, BatchView
@@ -60,7 +60,7 @@ class ApiError(Exception):
         return self.status in (429, 503) and self.code not in FINAL_CODES
 
 
-def _retry_after_s(answer: Answer, body: Any) -> float | None:
+def _retry_after_s(answer: JobAnswer, body: Any) -> float | None:
     if isinstance(body, dict) and isinstance(body.get("retry_after_ms"), int | float):
         return float(body["retry_after_ms"]) / 1000
     header = answer.headers.get("retry-after")
@@ -76,15 +76,15 @@ def _raise_for(response: httpx.Response) -> None:
     raise _error_of(_answer(response))
 
 
-def _answer(response: httpx.Response) -> Answer:
+def _answer(response: httpx.Response) -> JobAnswer:
     try:
         body: Any = response.json()
     except ValueError:
         body = response.text
-    return Answer(response.status_code, body, response.headers)
+    return JobAnswer(response.status_code, body, response.headers)
 
 
-def _error_of(answer: Answer) -> ApiError:
+def _error_of(answer: JobAnswer) -> ApiError:
     """The error an answer of 4xx or 5xx says (its body's ``error``, or its text)."""
     body, details = answer.body, []
     try:
@@ -143,7 +143,7 @@ class CreatedBatch:
     replayed: bool  # an earlier request with the same Idempotency-Key made it
 
 
-class SluicegateClient:
+class AsyncClient:
     def __init__(
         self,
         base_url: str,
@@ -180,7 +180,7 @@ class SluicegateClient:
         _raise_for(response)
         return response
 
-    async def __aenter__(self) -> SluicegateClient:
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(
@@ -225,7 +225,7 @@ class SluicegateClient:
         answer = await self._retrying(lambda: self._submit_once(body))
         return SubmitResponse.model_validate(answer.body)
 
-    async def _submit_once(self, body: dict[str, Any]) -> Answer:
+    async def _submit_once(self, body: dict[str, Any]) -> JobAnswer:
         coalescer = self._coalescer
         if coalescer is not None:
             answer = await coalescer.submit(body)
@@ -235,13 +235,13 @@ class SluicegateClient:
             raise _error_of(answer)
         return answer
 
-    async def _submit_one(self, body: bytes) -> Answer:
+    async def _submit_one(self, body: bytes) -> JobAnswer:
         try:
             return _answer(await self._http.post("/v1/jobs", content=body, headers=_JSON))
         except httpx.TransportError as exc:
             raise Unreachable(self.base_url, exc) from None
 
-    async def _submit_many(self, bodies: list[bytes]) -> list[Answer]:
+    async def _submit_many(self, bodies: list[bytes]) -> list[JobAnswer]:
         """One answer a job (``POST /v1/jobs/bulk``); a refusal of the request as a whole
         that is not the jobs' own (no such route, too big, too many) is ``BulkRefused``."""
         try:
@@ -256,7 +256,7 @@ class SluicegateClient:
         if not response.is_success:  # the caller's key, the server: the same for each job
             return [_answer(response)] * len(bodies)
         return [
-            Answer(int(item["status"]), item["body"], item.get("headers") or {})
+            JobAnswer(int(item["status"]), item["body"], item.get("headers") or {})
             for item in response.json()["data"]
         ]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class Answer:
+class JobAnswer:
     """What the API answered for one job: status, JSON body, headers (lower-case names)."""
 
     status: int
@@ -40,8 +40,8 @@ class BulkRefused(Exception):
 
 # Sends one job's body, as JSON (POST /v1/jobs), or many (POST /v1/jobs/bulk, one answer
 # each, or BulkRefused).
-SendOne = Callable[[bytes], Awaitable[Answer]]
-SendMany = Callable[[list[bytes]], Awaitable[list[Answer]]]
+SendOne = Callable[[bytes], Awaitable[JobAnswer]]
+SendMany = Callable[[list[bytes]], Awaitable[list[JobAnswer]]]
 
 
 def encoded(body: dict[str, Any]) -> bytes:
@@ -52,7 +52,7 @@ def encoded(body: dict[str, Any]) -> bytes:
 @dataclass
 class _Waiting:
     body: bytes  # the job's JSON, encoded once
-    answer: asyncio.Future[Answer]
+    answer: asyncio.Future[JobAnswer]
 
 
 class Coalescer:
@@ -75,9 +75,9 @@ class Coalescer:
         self._bulk = True  # until the server shows it has no bulk route
         self._senders: set[asyncio.Task[None]] = set()
 
-    async def submit(self, body: dict[str, Any]) -> Answer:
+    async def submit(self, body: dict[str, Any]) -> JobAnswer:
         """``body``'s answer, sent alone or with the submits made meanwhile."""
-        answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[JobAnswer] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Waiting(encoded(body), answer))
         if self._in_flight < self._max_in_flight:
             self._in_flight += 1
@@ -131,11 +131,11 @@ class Coalescer:
             _fail(waiting.answer, exc)
 
 
-def _settle(future: asyncio.Future[Answer], answer: Answer) -> None:
+def _settle(future: asyncio.Future[JobAnswer], answer: JobAnswer) -> None:
     if not future.done():  # its caller may have been cancelled
         future.set_result(answer)
 
 
-def _fail(future: asyncio.Future[Answer], exc: BaseException) -> None:
+def _fail(future: asyncio.Future[JobAnswer], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)

@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from client.api import RetryPolicy, SluicegateClient
+from client.api import AsyncClient, RetryPolicy
 from client.summarize.documents import Skipped, read_path
 from schemas.api import JobView
 from schemas.jobs import JobKind
@@ -49,7 +49,7 @@ def read_documents(
 
 
 async def submit_all(
-    client: SluicegateClient, documents: list[tuple[str, str]], *, max_tokens: int, ttl_s: float
+    client: AsyncClient, documents: list[tuple[str, str]], *, max_tokens: int, ttl_s: float
 ) -> list[Tracked]:
     tracked = []
     for name, text in documents:
@@ -68,7 +68,7 @@ def _progress(jobs: list[Tracked]) -> Table:
     return table
 
 
-async def follow(client: SluicegateClient, jobs: list[Tracked], console: Console) -> None:
+async def follow(client: AsyncClient, jobs: list[Tracked], console: Console) -> None:
     with Live(_progress(jobs), console=console, transient=True) as live:
         while any(j.finished is None for j in jobs):
             for job in jobs:
@@ -149,7 +149,7 @@ async def run_demo(
     results: Path | None = None,
 ) -> list[Tracked]:
     """Submit, follow, and print the table; the full summaries go to ``results`` (JSONL)."""
-    async with SluicegateClient(api_url, api_key=api_key, retry=RetryPolicy()) as client:
+    async with AsyncClient(api_url, api_key=api_key, retry=RetryPolicy()) as client:
         jobs = await submit_all(client, documents, max_tokens=max_tokens, ttl_s=ttl_s)
         console.print(f"submitted {len(jobs)} documents to {api_url}")
         await follow(client, jobs, console)

@@ -1,4 +1,4 @@
-"""The client for threads: ``SluicegateClient`` here is ``client.api.SluicegateClient`` with
+"""The client for threads: ``Client`` here is ``client.api.AsyncClient`` with
 every method blocking, for programs that are not asyncio (as Celery's callers are not).
 
 It runs the async client on an event loop of its own, in a thread of its own, so submits
@@ -6,9 +6,9 @@ made at once from many threads are coalesced into bulk requests as the async cli
 concurrent submits are (``client.coalesce``); each thread gets its own answer, refusal or
 error. A call interrupted (Ctrl-C in the main thread) is cancelled in the loop too.
 
-    from client.sync import SluicegateClient
+    from client.sync import Client
 
-    with SluicegateClient("http://127.0.0.1:8000", api_key=KEY) as client:
+    with Client("http://127.0.0.1:8000", api_key=KEY) as client:
         accepted = client.submit(JobKind.SUMMARIZE, text, ttl_s=3600)
 """
 
@@ -27,11 +27,11 @@ R = TypeVar("R")
 
 
 def _blocking(
-    method: Callable[Concatenate[api.SluicegateClient, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[SluicegateClient, P], R]:
+    method: Callable[Concatenate[api.AsyncClient, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Client, P], R]:
     """``method`` of the async client, called from any thread and waited for."""
 
-    def call(self: SluicegateClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.run(method(self.aio, *args, **kwargs))
 
     call.__name__ = method.__name__
@@ -39,9 +39,9 @@ def _blocking(
     return call
 
 
-class SluicegateClient:
+class Client:
     def __init__(self, base_url: str, **options: Any) -> None:
-        """``options``: those of ``client.api.SluicegateClient`` (``tenant``, ``api_key``,
+        """``options``: those of ``client.api.AsyncClient`` (``tenant``, ``api_key``,
         ``timeout_s``, ``retry``, ``coalesce``…)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -70,7 +70,7 @@ class SluicegateClient:
             self._thread.join()
             self._loop.close()
 
-    def __enter__(self) -> SluicegateClient:
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(
@@ -81,19 +81,19 @@ class SluicegateClient:
     ) -> None:
         self.close()
 
-    submit = _blocking(api.SluicegateClient.submit)
-    create_batch = _blocking(api.SluicegateClient.create_batch)
-    get_batch = _blocking(api.SluicegateClient.get_batch)
-    batch_results = _blocking(api.SluicegateClient.batch_results)
-    get = _blocking(api.SluicegateClient.get)
-    cancel = _blocking(api.SluicegateClient.cancel)
-    list_jobs = _blocking(api.SluicegateClient.list_jobs)
-    list_batches = _blocking(api.SluicegateClient.list_batches)
-    timeline = _blocking(api.SluicegateClient.timeline)
-    overview = _blocking(api.SluicegateClient.overview)
-    redeliver = _blocking(api.SluicegateClient.redeliver)
+    submit = _blocking(api.AsyncClient.submit)
+    create_batch = _blocking(api.AsyncClient.create_batch)
+    get_batch = _blocking(api.AsyncClient.get_batch)
+    batch_results = _blocking(api.AsyncClient.batch_results)
+    get = _blocking(api.AsyncClient.get)
+    cancel = _blocking(api.AsyncClient.cancel)
+    list_jobs = _blocking(api.AsyncClient.list_jobs)
+    list_batches = _blocking(api.AsyncClient.list_batches)
+    timeline = _blocking(api.AsyncClient.timeline)
+    overview = _blocking(api.AsyncClient.overview)
+    redeliver = _blocking(api.AsyncClient.redeliver)
 
 
-async def _made(base_url: str, options: dict[str, Any]) -> api.SluicegateClient:
+async def _made(base_url: str, options: dict[str, Any]) -> api.AsyncClient:
     """The async client, made on the loop that will run it."""
-    return api.SluicegateClient(base_url, **options)
+    return api.AsyncClient(base_url, **options)

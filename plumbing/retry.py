@@ -63,7 +63,7 @@ CONNECTION_SQLSTATES = {"57P01", "57P02", "57P03", "53300"}  # shutdown, crash, 
 Classifier = Callable[[BaseException], str | None]
 
 
-class Later:
+class Backoff:
     """When to try again something that failed and has no caller waiting to retry it (a
     worker's offset commit): after ``first_s``, then twice as long each failure up to
     ``max_s``; ``due()`` says whether now is the time, ``failed()``/``done()`` move it."""

@@ -31,10 +31,10 @@ log = logging.getLogger(__name__)
 
 def app_from_env() -> FastAPI:
     """Factory for ``uvicorn --factory`` with several API processes."""
-    return frozen(create_app(Settings()))
+    return gc_frozen(create_app(Settings()))
 
 
-def frozen(app: FastAPI) -> FastAPI:
+def gc_frozen(app: FastAPI) -> FastAPI:
     """``app``, every object made so far (modules, classes, models, the app and its routes:
     they live as long as the process) left out of the garbage collector's passes from now
     on. Its full passes over them were a large share of the API's CPU under load
@@ -75,7 +75,7 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
         )
         return
     uvicorn.run(
-        frozen(create_app(settings)),
+        gc_frozen(create_app(settings)),
         host=settings.api_host,
         port=settings.api_port,
         log_level=settings.log_level.lower(),

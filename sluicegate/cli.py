@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stack_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _stack_commands(sub: ops_args.Subcommands) -> None:
     up = sub.add_parser("up", help="run the whole local stack in the foreground")
     up.add_argument(
         "--workers", type=int, default=None, help="workers (default 2, 1 with llamacpp; 0 allowed)"
@@ -110,7 +110,7 @@ def _stack_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
 
 
-def _client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _client_commands(sub: ops_args.Subcommands) -> None:
     api_help = "API base URL (default: the local stack's, else SLUICEGATE_API_HOST:API_PORT)"
     sm = sub.add_parser("submit", help="submit documents to a running stack, one job each")
     sm.add_argument("files", nargs="+", type=Path, help="documents, or folders of them")
@@ -186,7 +186,7 @@ def _summary_flags(su: argparse.ArgumentParser) -> None:
     )
 
 
-def _service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _service_commands(sub: ops_args.Subcommands) -> None:
     api = sub.add_parser("api", help="serve the HTTP API")
     api.add_argument("--host", default=None)
     api.add_argument("--port", type=int, default=None)
@@ -229,7 +229,7 @@ def _service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sub.add_parser("migrate", help="upgrade the database to the newest schema")
 
 
-def _kafka_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _kafka_commands(sub: ops_args.Subcommands) -> None:
     kafka = sub.add_parser("kafka", help="Apache Kafka for the local stack: pull, run, tools")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True)
     kafka_sub.add_parser(

@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException
 from pydantic import ValidationError
 
 from plumbing.kafka import cluster_id
-from plumbing.retry import Later, Stopped, outage, retrying, wait_first
+from plumbing.retry import Backoff, Stopped, outage, retrying, wait_first
 from schemas.envelopes import DispatchEnvelope
 from workers.dead_letter_store import record_subject
 from workers.execution import Executor, Progress
@@ -26,7 +26,7 @@ from workers.group.kip848 import GroupConsumer, Record
 from workers.group.listener import Rebalance
 from workers.group.offsets import OffsetTracker
 from workers.metrics import DEAD_LETTERED, DROPPED, JOBS_RUNNING, PAUSED_SECONDS
-from workers.repository import Claimed
+from workers.repository import ClaimedJob
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class Worker:
         self._changed = asyncio.Event()
         gate.on_release = self._changed.set  # room, before the job's end is written
         self._commit_lock = asyncio.Lock()
-        self._recommit = Later()  # a failed commit is tried again, whatever ends next
+        self._recommit = Backoff()  # a failed commit is tried again, whatever ends next
         self._paused_since: float | None = None
         self.held: Held | None = None
 
@@ -224,7 +224,7 @@ class Worker:
     def _settle(
         self,
         batch: list[tuple[Held, Progress]],
-        outcomes: dict[str, Claimed | Drop | None] | None,
+        outcomes: dict[str, ClaimedJob | Drop | None] | None,
     ) -> tuple[list[Held], bool]:
         """Start the claimed jobs of ``batch`` and let go of the rest, without an await (a
         revoke that waits for this finds every claimed job running). Returns the records
@@ -233,7 +233,7 @@ class Worker:
         dropped = False
         for held, progress in batch:
             outcome = outcomes.get(held.envelope.job_id) if outcomes is not None else None
-            if isinstance(outcome, Claimed):
+            if isinstance(outcome, ClaimedJob):
                 self._launch(held, outcome, progress)
                 continue
             self.gate.finished(held.envelope.job_id)
@@ -247,7 +247,7 @@ class Worker:
                 unknown.append(held)
         return unknown, dropped
 
-    def _launch(self, held: Held, job: Claimed, progress: Progress) -> None:
+    def _launch(self, held: Held, job: ClaimedJob, progress: Progress) -> None:
         task = asyncio.create_task(self.executor.run(job, progress), name=f"job-{job.id}")
         self._tasks[task] = Started(held.tp, held.offset, job.id, self._offsets)
         JOBS_RUNNING.set(self.running)

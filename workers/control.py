@@ -29,7 +29,7 @@ from schemas import constants, reasons
 from schemas.states import JobState
 from workers.engines.base import InferenceEngine
 from workers.metrics import ABORT_SECONDS
-from workers.repository import Claimed, WorkerRepository
+from workers.repository import ClaimedJob, WorkerRepository
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ SLOW_SWEEPS = 10  # with no heartbeat lease among the running jobs: a sweep ever
 class Running:
     """A job on the engine, and why it was stopped (if it was)."""
 
-    job: Claimed
+    job: ClaimedJob
     request_id: str
     decoded: int = 0
     reason: str | None = None
@@ -70,7 +70,7 @@ class Control:
         self._slow = 0  # intervals since the last slow sweep
         self._aborts: set[asyncio.Task[None]] = set()
 
-    def track(self, job: Claimed, request_id: str) -> Running:
+    def track(self, job: ClaimedJob, request_id: str) -> Running:
         running = Running(job=job, request_id=request_id)
         delay = (job.deadline - datetime.now(UTC)).total_seconds()
         running.timer = asyncio.get_running_loop().call_later(

@@ -19,9 +19,9 @@ from plumbing.published_store import params as recorded
 from plumbing.unit_of_work import Unit, UnitOfWork
 from schemas.envelopes import JobEvent
 from schemas.states import JobState
-from workers.graph.part_store import Child, child_end
+from workers.graph.part_store import GraphChild, child_end
 from workers.graph.repository import GraphWriter
-from workers.repository import Claimed
+from workers.repository import ClaimedJob
 
 
 def _cte(name: str, sql: str) -> CTE:
@@ -73,7 +73,7 @@ class EndRepository:
 
     async def finish(
         self,
-        job: Claimed,
+        job: ClaimedJob,
         state: JobState,
         *,
         result: dict[str, Any] | None = None,
@@ -91,7 +91,7 @@ class EndRepository:
             raise ValueError(f"{state} is not terminal")
         now = at or datetime.now(UTC)
         if job.parent_id is not None:
-            child = Child(parent_id=job.parent_id, level=job.level or 0)
+            child = GraphChild(parent_id=job.parent_id, level=job.level or 0)
             return await self._child(job, child, state, result, error, decoded_tokens, now)
         event = JobEvent(
             job_id=job.id,
@@ -139,8 +139,8 @@ class EndRepository:
 
     async def _child(
         self,
-        job: Claimed,
-        child: Child,
+        job: ClaimedJob,
+        child: GraphChild,
         state: JobState,
         result: dict[str, Any] | None,
         error: dict[str, Any] | None,

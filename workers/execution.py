@@ -33,7 +33,7 @@ from workers.metrics import (
     TOKENS_DECODED,
     WASTED_TOKENS,
 )
-from workers.repository import Claimed, WorkerRepository
+from workers.repository import ClaimedJob, WorkerRepository
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class Executor:
 
     async def claim(
         self, job_ids: list[str], stop: asyncio.Event | None = None
-    ) -> dict[str, Claimed | Drop | None] | None:
+    ) -> dict[str, ClaimedJob | Drop | None] | None:
         """Judge and claim a batch through the pre-decode gate; None if ``stop`` came while
         the database was unavailable (the records stay uncommitted)."""
         try:
@@ -116,7 +116,7 @@ class Executor:
             lambda: self._repo.set_aside(subject=subject, reason=reason, payload=payload)
         )
 
-    async def run(self, job: Claimed, progress: Progress) -> None:
+    async def run(self, job: ClaimedJob, progress: Progress) -> None:
         """Decode a claimed job to a terminal state, or leave it for redelivery if the
         task is cancelled first (a revoke or a stop past the drain timeout).
 
@@ -127,13 +127,13 @@ class Executor:
         partition), whose revoke drops or cancels its attempt and leaves the job running
         for no one.
         """
-        current: Claimed | None = job
+        current: ClaimedJob | None = job
         while current is not None:
             if await self._attempt(current, progress):
                 return
             current = await self._take_back(current)
 
-    async def _attempt(self, job: Claimed, progress: Progress) -> bool:
+    async def _attempt(self, job: ClaimedJob, progress: Progress) -> bool:
         """One attempt; whether the job is terminal after it (ended here or elsewhere)."""
         graphed = await self._as_graph(job, progress)
         if graphed is not None:
@@ -155,7 +155,7 @@ class Executor:
             self.control.untrack(running)
         return ended or await self._retrying(lambda: self._repo.is_terminal(job.id))
 
-    async def _as_graph(self, job: Claimed, progress: Progress) -> bool | None:
+    async def _as_graph(self, job: ClaimedJob, progress: Progress) -> bool | None:
         """A document too long for the engine, cut into a graph of jobs in place of its
         run: whether it is done here (graphed, or ended elsewhere); None: it runs whole."""
         try:
@@ -193,7 +193,7 @@ class Executor:
             return True
         return await self._retrying(lambda: self._repo.is_terminal(job.id))
 
-    async def _take_back(self, job: Claimed) -> Claimed | None:
+    async def _take_back(self, job: ClaimedJob) -> ClaimedJob | None:
         """Claim a job back from the attempt that took it over, once that attempt had
         ``takeover_grace_s`` to end it; None if it ended (or the pre-decode gate dropped
         it)."""
@@ -206,7 +206,7 @@ class Executor:
         await asyncio.sleep(self._takeover_grace_s)
         outcomes = await self.claim([job.id])
         outcome = outcomes.get(job.id) if outcomes is not None else None
-        return outcome if isinstance(outcome, Claimed) else None
+        return outcome if isinstance(outcome, ClaimedJob) else None
 
     async def _decode(self, running: Running, progress: Progress) -> Decoded:
         job = running.job
@@ -255,7 +255,7 @@ class Executor:
             }
         return out
 
-    async def _succeeded(self, job: Claimed, decoded: Decoded, progress: Progress) -> bool:
+    async def _succeeded(self, job: ClaimedJob, decoded: Decoded, progress: Progress) -> bool:
         ended = datetime.now(UTC)
         pieces = decoded.pieces
         progress.completed(len(pieces))
@@ -314,7 +314,7 @@ class Executor:
 
     async def _finish(
         self,
-        job: Claimed,
+        job: ClaimedJob,
         state: JobState,
         *,
         result: dict[str, Any] | None = None,

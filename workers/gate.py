@@ -206,13 +206,13 @@ class Candidate:
 class Drop:
     """A job that will not reach the engine, and why.
 
-    ``write`` is False when its terminal state is already stored (the caller's cancel or
+    ``store_state`` is False when its terminal state is already stored (the caller's cancel or
     disconnect wrote it); the worker then only lets the record go.
     """
 
     state: JobState
     reason: str
-    write: bool = True
+    store_state: bool = True
 
     def error(self, stage: str) -> dict[str, str]:
         return reasons.error(self.state, self.reason, stage)
@@ -230,7 +230,7 @@ class PreDecodeGate:
         """None: hand the job to the engine now. A Drop: never. ``whole`` False: a document
         to be cut into a graph, whose speed is judged per part, not as one prompt."""
         if job.state.terminal:
-            return Drop(state=job.state, reason=job.reason or job.state.value, write=False)
+            return Drop(state=job.state, reason=job.reason or job.state.value, store_state=False)
         if job.deadline <= now:
             return Drop(state=JobState.EXPIRED, reason=reasons.DEADLINE_PASSED)
         if lease_lapsed(job.abandon_after_s, job.last_seen_at, job.db_now):

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Claimed:
+class ClaimedJob:
     """A job this worker now owns, fenced by its attempt number."""
 
     id: str
@@ -55,7 +55,7 @@ class Claimed:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Stopped:
+class StoppedJob:
     """A job running here whose row says it must stop (or already stopped)."""
 
     job_id: str
@@ -135,7 +135,7 @@ class WorkerRepository:
 
     async def claim_batch(
         self, job_ids: list[str], judge: Judge, count_tokens: Callable[[str], int]
-    ) -> dict[str, Claimed | Drop | None]:
+    ) -> dict[str, ClaimedJob | Drop | None]:
         """Judge and claim the jobs of a batch of records in one transaction.
 
         Their rows are read in one query and stay locked while ``judge`` (the pre-decode
@@ -161,9 +161,9 @@ class WorkerRepository:
         judge: Judge,
         count_tokens: Callable[[str], int],
         unit: Unit,
-    ) -> dict[str, Claimed | Drop | None]:
+    ) -> dict[str, ClaimedJob | Drop | None]:
         now = datetime.now(UTC)
-        out: dict[str, Claimed | Drop | None] = dict.fromkeys(job_ids)
+        out: dict[str, ClaimedJob | Drop | None] = dict.fromkeys(job_ids)
         async with unit.settling(), transaction(self._engine) as conn:
             if unit.writes:
                 await lock_rows(conn, [*job_ids, *unit.locks])
@@ -174,7 +174,9 @@ class WorkerRepository:
             for row in rows:
                 job_id = str(row["id"])
                 if row["graphed"]:  # its graph runs: its record is let go
-                    out[job_id] = Drop(state=JobState.RUNNING, reason=reasons.GRAPHED, write=False)
+                    out[job_id] = Drop(
+                        state=JobState.RUNNING, reason=reasons.GRAPHED, store_state=False
+                    )
                     continue
                 prompt_tokens = count_tokens(row["input"])
                 document = documents.get(row["parent_id"])
@@ -183,7 +185,7 @@ class WorkerRepository:
                     fit[job_id] = ({**row, **lease_of(document)}, prompt_tokens)
                 else:
                     out[job_id] = drop
-                    if drop.write:
+                    if drop.store_state:
                         drops[job_id] = (row, drop)
             if fit:
                 claimed = await self._claim(conn, list(fit), now)
@@ -282,7 +284,7 @@ class WorkerRepository:
 
     async def stopped(
         self, running: Mapping[str, int], documents: Sequence[str] = ()
-    ) -> list[Stopped]:
+    ) -> list[StoppedJob]:
         """Of the jobs running here (id -> attempt), those that must stop.
 
         Abandons the jobs whose heartbeat lease lapsed (first the ``documents`` of the
@@ -331,7 +333,9 @@ class WorkerRepository:
                 )
             ).all()
         return [
-            Stopped(job_id=str(r.id), state=JobState(r.state), reason=reason_of(r.error, r.state))
+            StoppedJob(
+                job_id=str(r.id), state=JobState(r.state), reason=reason_of(r.error, r.state)
+            )
             for r in rows
             if r.state != JobState.RUNNING.value or r.attempt != running[str(r.id)]
         ]
@@ -344,7 +348,7 @@ class WorkerRepository:
             ).first()
         return row is None or JobState(row.state).terminal or bool(row.graphed)
 
-    async def record_decoded(self, job: Claimed, tokens: int) -> None:
+    async def record_decoded(self, job: ClaimedJob, tokens: int) -> None:
         """The tokens an attempt decoded before it was stopped by someone else's write
         (a cancel or a disconnect): marks the stop as made mid-decode."""
         stage = cast(literal({"stage": "decode"}, JSONB), JSONB)
@@ -361,8 +365,8 @@ class WorkerRepository:
             )
 
 
-def _claimed(row: Mapping[Any, Any], prompt_tokens: int, attempt: int) -> Claimed:
-    return Claimed(
+def _claimed(row: Mapping[Any, Any], prompt_tokens: int, attempt: int) -> ClaimedJob:
+    return ClaimedJob(
         id=str(row["id"]),
         tenant=row["tenant"],
         kind=JobKind(row["kind"]),

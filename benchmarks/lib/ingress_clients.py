@@ -1,5 +1,5 @@
 """Two more loads for the ingress benchmark: the project's own Python client
-(``client.api.SluicegateClient.submit``, concurrent calls coalesced into bulk requests) in
+(``client.api.AsyncClient.submit``, concurrent calls coalesced into bulk requests) in
 tasks of this process, and wrk, a C load generator, as a subprocess (Debian: ``apt install
 wrk``), each in a closed loop against ``sluicegate api``."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.lib.ingress import JOB, Run, Served
-from client.api import SluicegateClient
+from client.api import AsyncClient
 from schemas.jobs import JobKind
 
 # wrk posts JOB from a file (no quoting in Lua) and counts the answers that are not 2xx.
@@ -37,7 +37,7 @@ end
 async def drive_client(api: Served, *, tasks: int, seconds: float) -> Run:
     """``tasks`` asyncio tasks calling ``submit()`` on one client in a closed loop."""
     run = Run(jobs_per_request=1)
-    async with SluicegateClient(api.url, tenant="bench") as client:
+    async with AsyncClient(api.url, tenant="bench") as client:
         await _one(client)  # connected
         cpu, client_cpu = api.api_cpu_s(), time.process_time()
         loop = asyncio.get_running_loop()
@@ -57,7 +57,7 @@ async def drive_client(api: Served, *, tasks: int, seconds: float) -> Run:
     return run
 
 
-async def _one(client: SluicegateClient) -> None:
+async def _one(client: AsyncClient) -> None:
     await client.submit(
         JobKind(JOB["kind"]), JOB["input"], max_tokens=JOB["max_tokens"], ttl_s=JOB["ttl_s"]
     )

@@ -28,7 +28,7 @@ ENCODING_HINT = " (give --encoding, e.g. cp1252, if the folder is in another enc
 
 
 @dataclass(frozen=True)
-class Document:
+class FolderDocument:
     name: str  # the path under the folder, with forward slashes
     text: str
 
@@ -45,7 +45,7 @@ class Skipped:
 
 @dataclass(frozen=True)
 class Folder:
-    documents: list[Document]
+    documents: list[FolderDocument]
     skipped: list[Skipped]
     passed_over: list[str] = field(default_factory=list)  # files of other kinds, not read
 
@@ -101,11 +101,11 @@ def read_path(
     return _folder([read_document(path, name, max_bytes, encoding, limits)])
 
 
-def _folder(found: Iterable[Document | Skipped]) -> Folder:
-    documents: list[Document] = []
+def _folder(found: Iterable[FolderDocument | Skipped]) -> Folder:
+    documents: list[FolderDocument] = []
     skipped: list[Skipped] = []
     for item in found:
-        if isinstance(item, Document):
+        if isinstance(item, FolderDocument):
             documents.append(item)
         else:
             skipped.append(item)
@@ -118,7 +118,7 @@ def read_document(
     max_bytes: int,
     encoding: str | None = None,
     limits: DocumentLimits | None = None,
-) -> Document | Skipped:
+) -> FolderDocument | Skipped:
     """One file as a document, or why it is not one. ``max_bytes`` bounds the text as the
     API counts it (UTF-8 bytes); ``limits`` the file (the defaults of the settings group
     ``documents`` when None)."""
@@ -136,7 +136,7 @@ def read_document(
     except OSError as exc:
         return Skipped(name, "unreadable", f"cannot be read: {exc.strerror or exc}")
     try:
-        return Document(name, extract(data, name, limits, encoding=encoding))
+        return FolderDocument(name, extract(data, name, limits, encoding=encoding))
     except UnreadableDocument as exc:
         hint = ENCODING_HINT if exc.code == "undecodable" and encoding is None else ""
         return Skipped(name, exc.code, exc.message + hint)

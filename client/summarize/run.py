@@ -23,7 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
-from client.api import ApiError, SluicegateClient
+from client.api import ApiError, AsyncClient
 from client.summarize.documents import DOCUMENT_SUFFIXES
 from client.summarize.report import Report, counts_text, cut_at_length, cut_text, span, when
 from client.summarize.requests import (
@@ -108,7 +108,7 @@ def read_input(source: Path, options: Options, console: Console) -> Input:
 
 
 async def _batch(
-    client: SluicegateClient, found: Input, options: Options, console: Console, have: int
+    client: AsyncClient, found: Input, options: Options, console: Console, have: int
 ) -> BatchView:
     """The run's batch, said in its first line: the one recorded beside ``out`` (resumed),
     an earlier one with the same input (the Idempotency-Key finds it), or a new one."""
@@ -154,7 +154,7 @@ async def _batch(
 
 
 async def _resumed(
-    client: SluicegateClient, out: Path, fingerprint: str, new: bool, have: int
+    client: AsyncClient, out: Path, fingerprint: str, new: bool, have: int
 ) -> BatchView | None:
     """The batch recorded beside ``out`` when this run goes on with it: always without
     ``--new``; with it, when a ``--new`` run made it and it has not ended or ``out`` does
@@ -182,7 +182,7 @@ def _age(batch: BatchView) -> str:
 
 
 async def summarize(
-    client: SluicegateClient,
+    client: AsyncClient,
     source: Path,
     options: Options,
     console: Console,
@@ -243,7 +243,7 @@ def _make_folder(out: Path) -> None:
 
 
 async def _follow(
-    client: SluicegateClient,
+    client: AsyncClient,
     batch: BatchView,
     out: Path,
     custom_ids: frozenset[str],

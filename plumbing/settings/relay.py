@@ -51,10 +51,9 @@ class RelaySettings(SettingsGroup):
         ge=0,
         le=1000,
         description="How long a record published at once waits for others to share its "
-        "batch to the broker (the producer's `linger.ms`). Under load, larger batches cost "
-        "less CPU a record: at about 4,000 submits/s the broker's fell by a third against "
-        "5 ms (docs/performance.md). A lone record reaches its consumers up to this much "
-        "later.",
+        "batch to the broker (the producer's `linger.ms`). Longer: under load, larger batches "
+        "and less broker CPU a record (docs/performance.md); a lone record reaches its "
+        "consumers up to this much later.",
     )
     publish_mark_linger_s: float = Field(
         default=1.0,

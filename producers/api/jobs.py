@@ -164,8 +164,8 @@ async def submitted(
     """The answer of ``POST /v1/jobs``, the route's and its fast path's
     (``producers.api.fast_submit``): ``receive`` is the request's, which a ``wait`` watches
     for the caller's leaving. The app's services come straight from its ``state``, not as
-    dependencies: the busiest route spent a third of its CPU in FastAPI's dependency
-    solving (docs/performance.md)."""
+    dependencies: FastAPI's dependency solving was much of the busiest route's CPU
+    (docs/performance.md)."""
     settings: Settings = state.settings
     api: ApiSettings = state.api_settings
     pools: PoolRouter = state.pools

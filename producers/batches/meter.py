@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from plumbing.activity import Activity
 from plumbing.retry import in_rounds
 from producers.admission.controller import AdmissionController
-from producers.batches.meter_repository import Backlog, MeterStore, Round
+from producers.batches.meter_repository import Backlog, MeterRound, MeterStore
 from producers.metrics import METERED
 from schemas.constants import DEFAULT_MODEL
 
@@ -101,7 +101,7 @@ class Meter:
         found = self._admission.current_lag()
         return None if found is None else 0 if self._counts_backlog else found
 
-    async def step(self, now: datetime | None = None) -> Round:
+    async def step(self, now: datetime | None = None) -> MeterRound:
         lag = self._lag()
         expire = time.monotonic() - self._expired_at >= EXPIRE_EVERY_S
         mark = self._estimate.mark()

@@ -72,7 +72,7 @@ class Backlog:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Round:
+class MeterRound:
     wanted: int  # the room the budget gave
     released: int  # fewer than wanted: nothing more was held (or free to take)
     expired: int
@@ -98,7 +98,7 @@ class MeterStore:
 
     async def round(
         self, budget: Budget, now: datetime, *, expire: bool = True, expire_limit: int = 1000
-    ) -> Round:
+    ) -> MeterRound:
         """Expire up to ``expire_limit`` overdue held jobs (with ``expire``), then release
         as many held jobs as ``budget`` allows for the backlog counted in the same
         transaction. With no job held, one statement counts the backlog and finds none held:
@@ -106,7 +106,9 @@ class MeterStore:
         async with self._engine.connect() as conn:
             backlog, held = await _backlog_and_held(conn, self._pool)
         if not held:
-            return Round(wanted=budget(backlog), released=0, expired=0, backlog=backlog, held=False)
+            return MeterRound(
+                wanted=budget(backlog), released=0, expired=0, backlog=backlog, held=False
+            )
         async with transaction(self._engine) as conn:
             locked = await conn.scalar(
                 select(
@@ -114,12 +116,12 @@ class MeterStore:
                 )
             )
             if not locked:
-                return Round(wanted=0, released=0, expired=0, backlog=None)
+                return MeterRound(wanted=0, released=0, expired=0, backlog=None)
             expired = await self._expire(conn, now, expire_limit) if expire else 0
             backlog = await _backlog(conn, self._pool)
             wanted = budget(backlog)
             released = await self._release(conn, wanted, now) if wanted > 0 else 0
-        return Round(wanted=wanted, released=released, expired=expired, backlog=backlog)
+        return MeterRound(wanted=wanted, released=released, expired=expired, backlog=backlog)
 
     async def _expire(self, conn: AsyncConnection, now: datetime, limit: int) -> int:
         """Held jobs whose deadline passed end ``expired`` (deadline_passed), never

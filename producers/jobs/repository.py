@@ -42,7 +42,7 @@ class Part:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Document:
+class DocumentOutline:
     """A summarize job as its page shows it: its input's first lines and its graph's parts
     by level (empty for a document that fitted one request)."""
 
@@ -224,7 +224,7 @@ class JobRepository(SubmitRepository):
             output_tokens=int(row["output_tokens"]),
         )
 
-    async def document(self, job_id: str, head_chars: int = 1200) -> Document:
+    async def document(self, job_id: str, head_chars: int = 1200) -> DocumentOutline:
         """What a summarize job's page shows of it: its input's first lines, its summary,
         and its graph's parts by level (each part's id, place and state)."""
         async with self._engine.connect() as conn:
@@ -242,7 +242,7 @@ class JobRepository(SubmitRepository):
         for p in parts:
             levels.setdefault(p.level, []).append(Part(id=str(p.id), seq=p.seq, state=p.state))
         lines = (head or "").splitlines()
-        return Document(head=[line for line in lines[:12]], levels=levels)
+        return DocumentOutline(head=[line for line in lines[:12]], levels=levels)
 
     async def queue_position(self, job: Job) -> int:
         """Jobs not started yet that were submitted before this one, of every tenant (ids

@@ -24,7 +24,7 @@ from plumbing.publisher import Publisher, Target
 from plumbing.retry import Stopped, outage, retrying, wait_first
 from producers.metrics import RELAY_PUBLISHED
 from producers.outbox.config import OutboxConfig
-from producers.outbox.repository import OutboxStore, Round
+from producers.outbox.repository import OutboxStore, RelayRound
 from schemas import constants
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class OutboxRelay:
             await self._publisher.disconnect()
             await self._unlisten()
 
-    async def _round(self) -> Round:
+    async def _round(self) -> RelayRound:
         """Publish one batch of rows. A failed round drops the producer: after an outage,
         nothing may be sent before the topics are known to exist again."""
         try:

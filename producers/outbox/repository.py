@@ -37,7 +37,7 @@ Publish = Callable[[list[OutboxRow]], Awaitable[list[Acked]]]
 
 
 @dataclass(frozen=True)
-class Round:
+class RelayRound:
     """One publishing round: rows published, and rows locked but left for a later round
     (an earlier row of their key was still unpublished elsewhere)."""
 
@@ -159,7 +159,7 @@ class OutboxStore:
         self._pool = of_pool(dispatch_topic, first)
         self._topics = dispatch_topics or frozenset([dispatch_topic])
 
-    async def publish_batch(self, limit: int, publish: Publish) -> Round:
+    async def publish_batch(self, limit: int, publish: Publish) -> RelayRound:
         """Lock up to ``limit`` unpublished rows, publish them, record them as published;
         all or nothing.
 
@@ -171,14 +171,14 @@ class OutboxStore:
         async with transaction(self._engine) as conn:
             found = (await conn.execute(_unpublished(limit))).all()
             if not found:
-                return Round()
+                return RelayRound()
             rows = [
                 OutboxRow(id=r.id, topic=r.topic, key=r.key, payload=r.payload)
                 for r in found
                 if not r.blocked
             ]
             if not rows:
-                return Round(deferred=len(found))
+                return RelayRound(deferred=len(found))
             acked = await publish(rows)
             await record(
                 conn,
@@ -187,7 +187,7 @@ class OutboxStore:
                     for r, a in zip(rows, acked, strict=True)
                 ],
             )
-        return Round(published=len(rows), deferred=len(found) - len(rows))
+        return RelayRound(published=len(rows), deferred=len(found) - len(rows))
 
     async def reset_ends(self, log: str | None = None, ends: dict[int, int] | None = None) -> int:
         """Void the recorded ends that are not of ``log`` (all of them without ``log``) and

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from producers.api import jobs as jobs_api
 from producers.api.deps import Jobs, Webhooks
-from producers.jobs.repository import Document, JobRepository
+from producers.jobs.repository import DocumentOutline, JobRepository
 from producers.ui import filters
 from producers.ui.pages import PageRoute, render
 from producers.ui.session import Viewing, Writing
@@ -64,7 +64,7 @@ class Page:
 
     timeline: JobTimeline
     ahead: int | None
-    document: Document | None = None
+    document: DocumentOutline | None = None
     graph: GraphProgress | None = None
     summary: str | None = None
     part_of: str | None = None  # a part of a document's graph: its document

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 from rich.console import Console
 
-from client.api import ApiError, RetryPolicy, SluicegateClient, Unreachable
+from client.api import ApiError, AsyncClient, RetryPolicy, Unreachable
 from client.summarize.requests import InputError
 from plumbing.settings import Settings
 from schemas.errors import SluicegateError
@@ -171,7 +171,7 @@ async def _summarize(
     def waiting(refusal: ApiError, wait_s: float) -> None:
         console.print(refusal_line(refusal, wait_s), highlight=False, markup=False)
 
-    async with SluicegateClient(
+    async with AsyncClient(
         api_url, api_key=key, retry=RetryPolicy(max_attempts=SUMMARIZE_ATTEMPTS), on_wait=waiting
     ) as client:
         return await summarize(client, args.source, options, console)
@@ -189,7 +189,7 @@ async def _submit(
     if not docs:
         console.print("nothing to submit", highlight=False)
         return INPUT
-    async with SluicegateClient(api_url, api_key=key, retry=RetryPolicy()) as client:
+    async with AsyncClient(api_url, api_key=key, retry=RetryPolicy()) as client:
         for name, text in docs:
             try:
                 answer = await client.submit(

@@ -16,7 +16,7 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from client.api import ApiError, SluicegateClient, Unreachable
+from client.api import ApiError, AsyncClient, Unreachable
 from plumbing.retry import wait_first
 from plumbing.settings import Settings
 from schemas.batches import InvalidCompletionWindow, window_seconds
@@ -32,7 +32,7 @@ from sluicegate.commands.client import (
 from sluicegate.local import key as local_key
 from sluicegate.process import run_until_signal
 
-Action = Callable[[SluicegateClient, asyncio.Event], Awaitable[int]]
+Action = Callable[[AsyncClient, asyncio.Event], Awaitable[int]]
 TIMEOUT_S = 10.0
 T = TypeVar("T")
 
@@ -76,7 +76,7 @@ async def _guarded(
     code: list[int],
 ) -> None:
     """Run ``action`` until it ends or a signal comes (then quietly: 130)."""
-    async with SluicegateClient(api_url, api_key=key, timeout_s=TIMEOUT_S) as client:
+    async with AsyncClient(api_url, api_key=key, timeout_s=TIMEOUT_S) as client:
         run = asyncio.ensure_future(action(client, stop))
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([run, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -108,7 +108,7 @@ def refusal(exc: ApiError, settings: Settings) -> str:
 
 
 def _status(out: Console, api_url: str, window_s: int, watch_s: float | None) -> Action:
-    async def action(client: SluicegateClient, stop: asyncio.Event) -> int:
+    async def action(client: AsyncClient, stop: asyncio.Event) -> int:
         if watch_s is None:
             out.print(views.overview(await client.overview(window_s=window_s), api_url))
             return 0
@@ -126,7 +126,7 @@ def _status(out: Console, api_url: str, window_s: int, watch_s: float | None) ->
 
 
 async def _watch(
-    client: SluicegateClient,
+    client: AsyncClient,
     api_url: str,
     window_s: int,
     every_s: float,
@@ -176,7 +176,7 @@ async def _up_to(
 
 
 def _jobs(out: Console, args: argparse.Namespace) -> Action:
-    async def action(client: SluicegateClient, stop: asyncio.Event) -> int:
+    async def action(client: AsyncClient, stop: asyncio.Event) -> int:
         found, more = await _up_to(
             args.limit,
             lambda after, limit: client.list_jobs(
@@ -195,7 +195,7 @@ def _jobs(out: Console, args: argparse.Namespace) -> Action:
 
 
 def _show(out: Console, job_id: str) -> Action:
-    async def action(client: SluicegateClient, stop: asyncio.Event) -> int:
+    async def action(client: AsyncClient, stop: asyncio.Event) -> int:
         out.print(views.timeline(await client.timeline(job_id)))
         return 0
 
@@ -203,7 +203,7 @@ def _show(out: Console, job_id: str) -> Action:
 
 
 def _batches(out: Console, args: argparse.Namespace) -> Action:
-    async def action(client: SluicegateClient, stop: asyncio.Event) -> int:
+    async def action(client: AsyncClient, stop: asyncio.Event) -> int:
         found, more = await _up_to(
             args.limit,
             lambda after, limit: client.list_batches(
@@ -221,7 +221,7 @@ def _batches(out: Console, args: argparse.Namespace) -> Action:
 
 
 def _redeliver(out: Console, delivery_id: str) -> Action:
-    async def action(client: SluicegateClient, stop: asyncio.Event) -> int:
+    async def action(client: AsyncClient, stop: asyncio.Event) -> int:
         d = await client.redeliver(delivery_id)
         out.print(f"{d.id}: {d.state.value}, attempt {d.attempts + 1} to {d.url}", highlight=False)
         return 0

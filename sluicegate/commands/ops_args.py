@@ -5,6 +5,8 @@ start); the commands themselves are in ``sluicegate.commands.ops``."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 # The API's names (schemas.states.JobState, schemas.batches.Status), spelled out so that
 # a bad name is refused by argparse without importing the schemas at start.
@@ -32,11 +34,20 @@ COMMANDS = ("status", "jobs", "batches")
 API_HELP = "API base URL (default: the local stack's, else SLUICEGATE_API_HOST:API_PORT)"
 
 
-def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+class Subcommands(Protocol):
+    """What ``ArgumentParser.add_subparsers()`` returns, as the commands use it (its class
+    is private to argparse): a parser for each subcommand, and those made so far."""
+
+    @property
+    def choices(self) -> Mapping[str, argparse.ArgumentParser]: ...
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
+
+
+def add(sub: Subcommands) -> None:
     status = sub.add_parser(
         "status",
-        help="the pipeline at a glance: admission and lag, jobs by model and state, drops, "
-        "workers",
+        help="the pipeline at a glance: admission and lag, jobs by model and state, drops, workers",
     )
     status.add_argument("--api", default=None, help=API_HELP)
     status.add_argument(

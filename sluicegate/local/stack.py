@@ -24,7 +24,7 @@ from sluicegate.local import info as stack_info
 from sluicegate.local.broker.base import Broker, BrokerInfo
 from sluicegate.local.broker.choose import Choice, make_broker
 from sluicegate.local.broker.tansu import WORKAROUNDS as TANSU_WORKAROUNDS
-from sluicegate.local.children import Child, is_engine, worker_children
+from sluicegate.local.children import ChildProcess, is_engine, worker_children
 from sluicegate.local.embedded import EmbeddedPostgres, free_port, promise
 from sluicegate.local.lock import DataDirLock
 from sluicegate.local.model import served_names
@@ -62,7 +62,7 @@ class Stack:
     on_fresh_broker: Callable[[], Awaitable[None]] | None = None
     _postgres: EmbeddedPostgres | None = None
     _broker: Broker | None = None
-    _children: list[Child] = field(default_factory=list)
+    _children: list[ChildProcess] = field(default_factory=list)
     _logs: list[IO[bytes]] = field(default_factory=list)
 
     @property
@@ -120,10 +120,10 @@ class Stack:
     async def start_processes(self) -> None:
         engines, workers = worker_children(self.settings, self.engine, self.workers)
         self._children = [
-            Child("api", ["api"]),
+            ChildProcess("api", ["api"]),
             *engines,
-            Child("relay", ["relay"]),
-            Child("webhooks", ["webhooks"]),
+            ChildProcess("relay", ["relay"]),
+            ChildProcess("webhooks", ["webhooks"]),
             *workers,
         ]
         self._give_metrics_ports()
@@ -190,7 +190,7 @@ class Stack:
             "pid": self._broker.pid,
         }
 
-    async def _wait_healthy(self, child: Child) -> None:
+    async def _wait_healthy(self, child: ChildProcess) -> None:
         """Wait for an engine server's /health; an error naming its log if it exits."""
         url = child.env["SLUICEGATE_LLAMACPP_URL"]
         async with httpx.AsyncClient(timeout=2.0) as http:
@@ -206,7 +206,7 @@ class Stack:
                             return
                     await asyncio.sleep(0.1)
 
-    def _see_log(self, child: Child) -> str:
+    def _see_log(self, child: ChildProcess) -> str:
         """Its last log line and where its log is (above, when it writes to our output)."""
         if self.log_dir is None:
             return " (its last lines are above)"
@@ -215,7 +215,7 @@ class Stack:
         last = f": {lines[-1].strip()}" if lines else ""
         return f"{last} (log: {path})"
 
-    async def _spawn(self, child: Child) -> None:
+    async def _spawn(self, child: ChildProcess) -> None:
         out: IO[bytes] | None = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -261,7 +261,7 @@ class Stack:
         """Restart a process that dies on its own, and the broker, until ``stop`` is set."""
         broker_exit: asyncio.Future[Any] | None = None
         while not stop.is_set():
-            waits: dict[asyncio.Future[Any], Child | None] = {
+            waits: dict[asyncio.Future[Any], ChildProcess | None] = {
                 asyncio.ensure_future(c.process.wait()): c
                 for c in self._children
                 if c.process is not None

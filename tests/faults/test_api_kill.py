@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from client.api import ApiError, SluicegateClient, Unreachable
+from client.api import ApiError, AsyncClient, Unreachable
 from plumbing.settings import Settings
 from schemas.jobs import JobKind
 from schemas.tables import jobs, outbox
@@ -35,7 +35,7 @@ class Load:
         self.unknown: set[str] = set()
         self.stop = asyncio.Event()
 
-    async def through_client(self, client: SluicegateClient, caller: int) -> None:
+    async def through_client(self, client: AsyncClient, caller: int) -> None:
         n = 0
         while not self.stop.is_set():
             key = f"client-{caller}-{n}"
@@ -88,7 +88,7 @@ async def test_every_accepted_job_survives_the_api_killed_mid_load(
         api = started.start("api", api_port=port)
         await answering(f"{url}/healthz", within_s=60)
         async with (
-            SluicegateClient(url, tenant="t") as client,
+            AsyncClient(url, tenant="t") as client,
             httpx.AsyncClient(base_url=url, headers={"X-Sluicegate-Tenant": "t"}) as http,
         ):
             callers = [
@@ -105,8 +105,10 @@ async def test_every_accepted_job_survives_the_api_killed_mid_load(
         lost = {k: i for k, i in load.accepted.items() if found.get(k) != i}
         assert not lost, f"{len(lost)} jobs answered 2xx are not stored: {list(lost)[:5]}"
         async with db.connect() as conn:
-            keys = select(func.count()).select_from(outbox).where(
-                outbox.c.key.in_([str(i) for i in found.values()])
+            keys = (
+                select(func.count())
+                .select_from(outbox)
+                .where(outbox.c.key.in_([str(i) for i in found.values()]))
             )
             assert await conn.scalar(keys) == len(found)  # each with its dispatch record
 
@@ -121,7 +123,7 @@ async def resubmit_and_publish(
     started.start("api", api_port=port)
     started.start("relay")
     await answering(f"{url}/healthz", within_s=60)
-    async with SluicegateClient(url, tenant="t") as client:
+    async with AsyncClient(url, tenant="t") as client:
         for key in sorted(load.unknown):
             try:
                 answer = await client.submit(JobKind.SUMMARIZE, DOC, idempotency_key=key)

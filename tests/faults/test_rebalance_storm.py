@@ -29,7 +29,7 @@ from tests.faults.outcomes import DOC, states, until
 from tests.faults.processes import Role, Roles, holds, jobs_running, roles
 from tests.integration.serving import serve
 from tests.support.topics import caught_up
-from workers.repository import Claimed, WorkerRepository
+from workers.repository import ClaimedJob, WorkerRepository
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -350,7 +350,7 @@ async def test_a_job_taken_over_by_an_attempt_that_never_runs_is_claimed_back(
             # The zombie's claim, through the workers' own repository, never run.
             zombie = WorkerRepository(db, events_topic=settings.events_topic)
             taken = (await zombie.claim_batch([job], lambda _: None, len))[job]
-            assert isinstance(taken, Claimed)
+            assert isinstance(taken, ClaimedJob)
             assert taken.attempt == 2
             await ended(db, [job], within_s=60)
             await caught_up(

@@ -13,7 +13,7 @@ from producers.batches.input import chunked
 from producers.batches.repository import BatchRequest, BatchStore, NewBatch
 from producers.jobs.submit_repository import new_job_id
 from schemas.jobs import JobKind, NewJob, Priority
-from workers.repository import Claimed
+from workers.repository import ClaimedJob
 
 HOUR = timedelta(hours=1)
 
@@ -34,9 +34,9 @@ def job(name: str, state: str, finished: datetime | None, **extra: Any) -> dict[
     }
 
 
-def claimed(row: dict[str, Any]) -> Claimed:
+def claimed(row: dict[str, Any]) -> ClaimedJob:
     """A ``job`` row as the worker running it holds it (its attempt 1)."""
-    return Claimed(
+    return ClaimedJob(
         id=str(row["id"]),
         tenant=str(row["tenant"]),
         kind=JobKind(row["kind"]),

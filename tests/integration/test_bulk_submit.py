@@ -13,7 +13,7 @@ import httpx
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from client.api import SluicegateClient
+from client.api import AsyncClient
 from plumbing.settings import Settings
 from producers.api.app import create_app
 from schemas.jobs import JobKind
@@ -81,9 +81,7 @@ async def test_each_job_is_answered_as_a_single_submit_would_be(
     assert await stored(db) == {first.json()["id"], new["body"]["id"]}
 
 
-async def test_each_job_has_its_own_admission_decision(
-    settings: Settings, db: AsyncEngine
-) -> None:
+async def test_each_job_has_its_own_admission_decision(settings: Settings, db: AsyncEngine) -> None:
     async with served(settings, tenant_rpm=3) as api:
         bulk = await api.post("/v1/jobs/bulk", json={"jobs": [job() for _ in range(5)]})
     answers = bulk.json()["data"]
@@ -120,7 +118,7 @@ async def test_the_clients_concurrent_submits_go_as_bulk_requests_all_stored(
 
     async with (
         app.router.lifespan_context(app),
-        SluicegateClient("http://sg", transport=Counting(app=app)) as client,
+        AsyncClient("http://sg", transport=Counting(app=app)) as client,
     ):
         answers = await asyncio.gather(
             *(client.submit(JobKind.SUMMARIZE, f"{DOC} {i}", ttl_s=60) for i in range(40))

@@ -17,10 +17,10 @@ from schemas.tables import jobs, outbox
 from tests.integration.rows import claimed, job
 from workers.end_repository import EndRepository
 from workers.gate import Candidate, Drop
-from workers.repository import Claimed, WorkerRepository, lock_rows
+from workers.repository import ClaimedJob, WorkerRepository, lock_rows
 
 
-async def two_jobs(db: AsyncEngine) -> tuple[Claimed, str]:
+async def two_jobs(db: AsyncEngine) -> tuple[ClaimedJob, str]:
     """A job running here (attempt 1), and one dispatched to claim."""
     ending = job("ending", "running", None, attempt=1)
     waiting = job("waiting", "dispatched", None, attempt=0)
@@ -74,7 +74,7 @@ async def test_an_end_commits_with_the_next_claim(db: AsyncEngine, settings: Set
     await until_waiting(claims, finishing)
     assert not finishing.done(), "the end did not wait for the claim"
     outcome = await claims.claim_batch([waiting], fit, len)
-    assert isinstance(outcome[waiting], Claimed)
+    assert isinstance(outcome[waiting], ClaimedJob)
     assert await asyncio.wait_for(finishing, 5) is True  # long before its 30 s linger
     end_xmin, claim_xmin = await xmins(db, ended.id, waiting)
     assert end_xmin == claim_xmin, "the end and the claim were two transactions"

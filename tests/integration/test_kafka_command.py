@@ -19,6 +19,7 @@ import pytest
 from sluicegate.local.broker import dist
 from sluicegate.local.broker.apache import new_cluster_id
 from sluicegate.local.embedded import free_port
+from sluicegate.local.pull_errors import ChecksumMismatch
 from tests.support import brokers
 
 pytestmark = pytest.mark.timeout(120)
@@ -124,14 +125,14 @@ def test_the_pinned_jars_are_checked_one_by_one(tmp_path: Path) -> None:
     tampered = libs / "kafka-clients-4.1.2.jar"
     tampered.unlink()
     tampered.write_bytes(b"not the jar")
-    with pytest.raises(dist.ChecksumMismatch, match=r"kafka-clients-4.1.2.jar has sha256 "):
+    with pytest.raises(ChecksumMismatch, match=r"kafka-clients-4.1.2.jar has sha256 "):
         dist.check(libs)
     tampered.unlink()
-    with pytest.raises(dist.ChecksumMismatch, match="1 pinned jars were not resolved"):
+    with pytest.raises(ChecksumMismatch, match="1 pinned jars were not resolved"):
         dist.check(libs)
     (libs / "kafka-clients-4.1.2.jar").symlink_to(home / "libs" / "kafka-clients-4.1.2.jar")
     (libs / "evil-1.0.jar").write_bytes(b"")
-    with pytest.raises(dist.ChecksumMismatch, match=r"jars resolved that are not pinned"):
+    with pytest.raises(ChecksumMismatch, match=r"jars resolved that are not pinned"):
         dist.check(libs)
 
 

@@ -29,7 +29,7 @@ from schemas.tables import jobs, outbox, partition_ends
 from sluicegate.local.embedded import free_port
 from tests.integration.rows import job, submitted
 from workers.end_repository import EndRepository
-from workers.repository import Claimed
+from workers.repository import ClaimedJob
 from workers.service import events_topic
 
 
@@ -153,7 +153,7 @@ async def test_a_workers_job_event_is_published_at_once_and_marked_alone(
     row = job("ran", "running", None, attempt=1)
     async with db.connect() as conn:
         await conn.execute(insert(jobs).values(row))
-    ran = Claimed(
+    ran = ClaimedJob(
         id=row["id"],
         tenant="t",
         kind=JobKind.COMPLETE,

@@ -12,17 +12,17 @@ import pytest
 
 from plumbing.settings import Settings
 from sluicegate.local import info as stack_info
-from sluicegate.local.stack import Child, Stack
+from sluicegate.local.stack import ChildProcess, Stack
 
 
 def stack_of(tmp_path: Path, workers: int = 2, **settings: Any) -> Stack:
     """A stack whose processes are listed and given their ports, none started."""
     stack = Stack(Settings(data_dir=tmp_path, **settings), workers=workers)
     stack._children = [
-        Child("api", ["api"]),
-        Child("relay", ["relay"]),
-        Child("webhooks", ["webhooks"]),
-        *(Child(f"worker-{i + 1}", ["worker"]) for i in range(workers)),
+        ChildProcess("api", ["api"]),
+        ChildProcess("relay", ["relay"]),
+        ChildProcess("webhooks", ["webhooks"]),
+        *(ChildProcess(f"worker-{i + 1}", ["worker"]) for i in range(workers)),
     ]
     stack._give_metrics_ports()
     return stack

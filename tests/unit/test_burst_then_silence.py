@@ -18,7 +18,7 @@ from producers.batches import lifecycle, meter
 from producers.batches.input import RequestChecker
 from producers.batches.lifecycle import Lifecycle
 from producers.batches.meter import Meter
-from producers.batches.meter_repository import Backlog, Budget, Round
+from producers.batches.meter_repository import Backlog, Budget, MeterRound
 from producers.lag.estimate import LagEstimate
 from producers.outbox import rule
 from producers.outbox.config import OutboxConfig
@@ -201,7 +201,7 @@ class ExhaustedMeterStore:
         self.held = held
         self.rounds = 0
 
-    async def round(self, budget: Budget, now: datetime, *, expire: bool = True) -> Round:
+    async def round(self, budget: Budget, now: datetime, *, expire: bool = True) -> MeterRound:
         self.rounds += 1
         if self.rounds == 1:
             raise PoolTimeout(EXHAUSTED)
@@ -209,7 +209,7 @@ class ExhaustedMeterStore:
         wanted = budget(backlog)
         released = min(wanted, self.held)
         self.held -= released
-        return Round(wanted=wanted, released=released, expired=0, backlog=backlog)
+        return MeterRound(wanted=wanted, released=released, expired=0, backlog=backlog)
 
 
 async def test_meter_releases_held_jobs_within_an_interval_after_a_pool_timeout() -> None:

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from client.api import ApiError, RetryPolicy, SluicegateClient, Unreachable
+from client.api import ApiError, AsyncClient, RetryPolicy, Unreachable
 from schemas.jobs import JobKind
 
 ACCEPTED = {
@@ -46,7 +46,7 @@ async def test_retries_after_the_hint_with_jitter() -> None:
         slept.append(seconds)
 
     policy = RetryPolicy(min_retries_per_s=100)
-    async with SluicegateClient("http://sg", transport=transport, retry=policy, sleep=sleep) as c:
+    async with AsyncClient("http://sg", transport=transport, retry=policy, sleep=sleep) as c:
         answer = await c.submit(JobKind.SUMMARIZE, "x", idempotency_key="k")
     assert answer.state == "queued"
     assert len(calls) == 3
@@ -56,7 +56,7 @@ async def test_retries_after_the_hint_with_jitter() -> None:
 
 async def test_without_a_policy_the_refusal_surfaces() -> None:
     transport, calls = yielding(1)
-    async with SluicegateClient("http://sg", transport=transport) as c:
+    async with AsyncClient("http://sg", transport=transport) as c:
         with pytest.raises(ApiError) as caught:
             await c.submit(JobKind.SUMMARIZE, "x")
     assert caught.value.status == 429
@@ -73,7 +73,7 @@ async def test_retry_budget_stops_a_retry_storm() -> None:
 
     policy = RetryPolicy(max_attempts=1000, budget_ratio=0.1, min_retries_per_s=0, budget_cap=3)
     refused = 0
-    async with SluicegateClient("http://sg", transport=transport, retry=policy, sleep=sleep) as c:
+    async with AsyncClient("http://sg", transport=transport, retry=policy, sleep=sleep) as c:
         for _ in range(50):
             with pytest.raises(ApiError):
                 await c.submit(JobKind.SUMMARIZE, "x")
@@ -88,7 +88,7 @@ async def test_bad_request_is_not_retried() -> None:
         assert json.loads(request.content)["kind"] == "summarize"
         return httpx.Response(422, json={"error": {"code": "empty_input", "message": "empty"}})
 
-    async with SluicegateClient(
+    async with AsyncClient(
         "http://sg", transport=httpx.MockTransport(handler), retry=RetryPolicy()
     ) as c:
         with pytest.raises(ApiError) as caught:
@@ -107,7 +107,7 @@ async def test_each_wait_is_said_before_it_starts() -> None:
         said.append((refusal.code, seconds))
 
     policy = RetryPolicy(min_retries_per_s=100)
-    async with SluicegateClient(
+    async with AsyncClient(
         "http://sg", transport=transport, retry=policy, sleep=sleep, on_wait=on_wait
     ) as c:
         await c.submit(JobKind.SUMMARIZE, "x", idempotency_key="k")
@@ -128,7 +128,7 @@ async def test_a_deadline_that_cannot_be_met_is_not_retried() -> None:
 
     policy = RetryPolicy(min_retries_per_s=100)
     transport = httpx.MockTransport(handler)
-    async with SluicegateClient("http://sg", transport=transport, retry=policy, sleep=sleep) as c:
+    async with AsyncClient("http://sg", transport=transport, retry=policy, sleep=sleep) as c:
         with pytest.raises(ApiError, match="deadline_unreachable"):
             await c.submit(JobKind.SUMMARIZE, "x")
     assert len(calls) == 1
@@ -139,7 +139,7 @@ async def test_nothing_listening_is_unreachable_not_a_transport_traceback() -> N
         raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
 
     transport = httpx.MockTransport(handler)
-    async with SluicegateClient("http://sg:1", transport=transport) as c:
+    async with AsyncClient("http://sg:1", transport=transport) as c:
         with pytest.raises(Unreachable, match=r"cannot reach the Sluicegate API at http://sg:1"):
             await c.get("some-job")
 
@@ -152,7 +152,7 @@ async def test_kind_and_priority_may_be_given_as_strings() -> None:
         sent.append(json.loads(request.content))
         return httpx.Response(202, json=ACCEPTED)
 
-    async with SluicegateClient(
+    async with AsyncClient(
         "http://sg", transport=httpx.MockTransport(handler), coalesce=False
     ) as c:
         await c.submit("summarize", "x", priority="high")

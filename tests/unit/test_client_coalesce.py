@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from client.api import ApiError, RetryPolicy, SluicegateClient
-from client.sync import SluicegateClient as SyncClient
+from client.api import ApiError, AsyncClient, RetryPolicy
+from client.sync import Client
 from schemas.jobs import JobKind
 
 
@@ -72,8 +72,8 @@ class Server:
         return httpx.Response(200, json={"object": "list", "data": data})
 
 
-def client_of(server: Server, **kwargs: Any) -> SluicegateClient:
-    return SluicegateClient("http://sg", transport=httpx.MockTransport(server.handler), **kwargs)
+def client_of(server: Server, **kwargs: Any) -> AsyncClient:
+    return AsyncClient("http://sg", transport=httpx.MockTransport(server.handler), **kwargs)
 
 
 async def test_a_lone_submit_goes_alone_to_the_single_route() -> None:
@@ -167,7 +167,7 @@ async def test_an_unreachable_server_fails_every_waiting_caller() -> None:
     def down(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
-    async with SluicegateClient("http://sg", transport=httpx.MockTransport(down)) as client:
+    async with AsyncClient("http://sg", transport=httpx.MockTransport(down)) as client:
         outcomes = await asyncio.gather(
             *(client.submit(JobKind.SUMMARIZE, f"d {i}") for i in range(3)),
             return_exceptions=True,
@@ -184,7 +184,7 @@ def test_the_thread_client_coalesces_submits_made_at_once_from_many_threads() ->
         await asyncio.sleep(0.2)  # the threads' submits arrive while the first are answered
         return server.handler(request)
 
-    with SyncClient("http://sg", transport=httpx.MockTransport(slow)) as client:
+    with Client("http://sg", transport=httpx.MockTransport(slow)) as client:
 
         def one(i: int) -> str:
             barrier.wait()

@@ -17,7 +17,7 @@ from workers.engines.sim.tokens import count_tokens
 from workers.graph.ids import new_id, partition_of
 from workers.graph.plan import SEPARATOR, blocks, group, is_heading, pack, sentences, units
 from workers.graph.splitter import CannotSplit, Splitter
-from workers.repository import Claimed
+from workers.repository import ClaimedJob
 
 NOW = datetime(2026, 11, 28, 12, tzinfo=UTC)
 
@@ -98,8 +98,8 @@ def test_the_shape_of_a_graph_from_its_size() -> None:
     assert reduce_levels(5, 4) == 2
 
 
-def claimed(text: str, max_tokens: int = 40) -> Claimed:
-    return Claimed(
+def claimed(text: str, max_tokens: int = 40) -> ClaimedJob:
+    return ClaimedJob(
         id="doc",
         tenant="t",
         kind=JobKind.SUMMARIZE,

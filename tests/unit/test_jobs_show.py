@@ -13,7 +13,7 @@ import httpx
 import pytest
 from rich.console import Console, RenderableType
 
-from client.api import ApiError, SluicegateClient
+from client.api import ApiError, AsyncClient
 from plumbing.settings import Settings
 from schemas.api import GraphView
 from schemas.jobs import Job, JobKind, Priority
@@ -113,7 +113,7 @@ def answering(status: int, body: Any) -> httpx.MockTransport:
 
 async def show(transport: httpx.MockTransport, job_id: str) -> tuple[int, str]:
     out = Console(width=200, record=True, file=io.StringIO())
-    async with SluicegateClient("http://api", transport=transport) as client:
+    async with AsyncClient("http://api", transport=transport) as client:
         code = await ops._show(out, job_id)(client, asyncio.Event())
     return code, out.export_text()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from producers.batches.meter import Meter, room
-from producers.batches.meter_repository import Backlog, Budget, Round
+from producers.batches.meter_repository import Backlog, Budget, MeterRound
 from producers.lag.estimate import LagEstimate
 
 
@@ -16,12 +16,12 @@ class FakeStore:
         self.held = held
         self.asked: list[tuple[int, bool]] = []
 
-    async def round(self, budget: Budget, now: datetime, *, expire: bool = True) -> Round:
+    async def round(self, budget: Budget, now: datetime, *, expire: bool = True) -> MeterRound:
         wanted = budget(self.backlog)
         self.asked.append((wanted, expire))
         released = min(wanted, self.held)
         self.held -= released
-        return Round(wanted=wanted, released=released, expired=0, backlog=self.backlog)
+        return MeterRound(wanted=wanted, released=released, expired=0, backlog=self.backlog)
 
 
 class FakeAdmission:

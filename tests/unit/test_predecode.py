@@ -102,7 +102,7 @@ def test_a_lapsed_lease_is_abandoned_by_the_database_clock() -> None:
 )
 def test_a_job_already_stopped_is_let_go_without_a_write(state: JobState, reason: str) -> None:
     drop = gate().verdict(candidate(state=state, reason=reason), NOW)
-    assert drop == Drop(state=state, reason=reason, write=False)
+    assert drop == Drop(state=state, reason=reason, store_state=False)
 
 
 def test_a_stopped_job_wins_over_a_passed_deadline() -> None:

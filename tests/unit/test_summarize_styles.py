@@ -13,7 +13,7 @@ import httpx
 import pytest
 from rich.console import Console
 
-from client.api import SluicegateClient
+from client.api import AsyncClient
 from client.summarize.report import cut_at_length, cut_text, finish_reason
 from client.summarize.requests import InputError, build_requests, digest
 from client.summarize.run import Options, summarize
@@ -180,7 +180,7 @@ async def test_the_closing_report_names_the_cut_summaries(tmp_path: Path) -> Non
         max_bytes=MAX,
         summary=SummaryOptions(style=SummaryStyle.KEY_FACTS),
     )
-    async with SluicegateClient("http://api", transport=httpx.MockTransport(api.handle)) as client:
+    async with AsyncClient("http://api", transport=httpx.MockTransport(api.handle)) as client:
         code = await summarize(client, source, options, console, poll_s=0)
     assert code == 0
     assert [r["body"]["summary"] for r in api.submitted] == [{"style": "key_facts"}] * 2

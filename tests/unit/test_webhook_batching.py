@@ -13,12 +13,12 @@ from schemas.envelopes import JobEvent
 from schemas.states import JobState
 from workers.webhooks.app import batched
 from workers.webhooks.attempt_repository import Attempted
-from workers.webhooks.claim_repository import Claimed
+from workers.webhooks.claim_repository import ClaimedDelivery
 from workers.webhooks.delivery_repository import Made
 from workers.webhooks.dispatch import Dispatcher
-from workers.webhooks.events import EventHandler, Record
+from workers.webhooks.events import EventHandler, EventRecord
 from workers.webhooks.recorder import Recorder
-from workers.webhooks.retry import Answer, Outcome, RetrySchedule, Verdict
+from workers.webhooks.retry import AttemptResult, Outcome, RetrySchedule, Verdict
 
 
 async def fed(queue: asyncio.Queue[int | None]) -> AsyncIterator[int]:
@@ -83,7 +83,7 @@ async def test_a_failed_write_raises() -> None:
 
 
 def attempted(delivery_id: str) -> Attempted:
-    claimed = Claimed(
+    claimed = ClaimedDelivery(
         id=delivery_id,
         tenant="t",
         url="http://x/",
@@ -93,7 +93,9 @@ def attempted(delivery_id: str) -> Attempted:
         attempt=1,
     )
     return Attempted(
-        claimed=claimed, answer=Answer(status=204), verdict=Verdict(outcome=Outcome.DELIVERED)
+        claimed=claimed,
+        answer=AttemptResult(status=204),
+        verdict=Verdict(outcome=Outcome.DELIVERED),
     )
 
 
@@ -133,7 +135,7 @@ class Enqueued:
         return Made(ids=[], waits_s=[])
 
 
-def event(job_id: str, **extra: object) -> Record:
+def event(job_id: str, **extra: object) -> EventRecord:
     value = JobEvent(
         job_id=job_id,
         tenant="t",
@@ -142,7 +144,7 @@ def event(job_id: str, **extra: object) -> Record:
         at=datetime.now(UTC),
         **extra,
     )
-    return Record(topic="events", partition=0, offset=0, value=value.to_bytes())
+    return EventRecord(topic="events", partition=0, offset=0, value=value.to_bytes())
 
 
 async def test_only_the_jobs_that_may_call_for_a_delivery_are_read() -> None:

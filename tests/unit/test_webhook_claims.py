@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from workers.webhooks.attempt_repository import Attempted, Recorded
-from workers.webhooks.claim_repository import Claim, Claimed, Endpoint, full_after
+from workers.webhooks.claim_repository import Claim, ClaimedDelivery, Endpoint, full_after
 from workers.webhooks.dispatch import Dispatcher
-from workers.webhooks.retry import Answer, RetrySchedule, Verdict
+from workers.webhooks.retry import AttemptResult, RetrySchedule, Verdict
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 24).decode()
 HOOK: Endpoint = ("t", "http://receiver/hook")
@@ -68,7 +68,7 @@ class Table:
         open_rest = [r.due_at - now for r in rest if load.get(r.endpoint, 0) < per_endpoint]
         overdue = [now - r.due_at for r in rest if r.due_at <= now]
         claimed = [
-            Claimed(
+            ClaimedDelivery(
                 id=r.id,
                 tenant=r.endpoint[0],
                 url=r.endpoint[1],
@@ -93,7 +93,9 @@ class Table:
             self.rows[a.claimed.id].state = "delivered"
         return {a.claimed.id for a in done}
 
-    async def give_up(self, claimed: Claimed, answer: Answer, verdict: Verdict) -> Recorded:
+    async def give_up(
+        self, claimed: ClaimedDelivery, answer: AttemptResult, verdict: Verdict
+    ) -> Recorded:
         raise AssertionError("every attempt delivers here")
 
     async def give_up_disabled(self, delivery_ids: Sequence[str]) -> int:
@@ -108,12 +110,12 @@ class Receiver:
     hold: bool = True
     waiting: dict[str, asyncio.Future[None]] = field(default_factory=dict)
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Answer:
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AttemptResult:
         if self.hold:
             done = asyncio.get_running_loop().create_future()
             self.waiting[headers["webhook-id"]] = done
             await done
-        return Answer(status=204)
+        return AttemptResult(status=204)
 
     def end(self, delivery_id: str) -> None:
         self.waiting.pop(delivery_id).set_result(None)

@@ -8,7 +8,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from workers.webhooks.retry import Answer, Outcome, RetrySchedule, judge, parse_retry_after
+from workers.webhooks.retry import AttemptResult, Outcome, RetrySchedule, judge, parse_retry_after
 
 SPEC = RetrySchedule(
     steps_s=(0.0, 5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0),
@@ -65,12 +65,12 @@ SHORT = RetrySchedule(steps_s=(0.0, 2.0, 4.0), retry_after_max_s=100.0)
 
 @pytest.mark.parametrize("status", [200, 201, 202, 204, 299])
 def test_only_2xx_delivers(status: int) -> None:
-    assert judge(Answer(status=status), 1, SHORT, top).outcome is Outcome.DELIVERED
+    assert judge(AttemptResult(status=status), 1, SHORT, top).outcome is Outcome.DELIVERED
 
 
 @pytest.mark.parametrize("status", [None, 100, 301, 302, 307, 308, 400, 404, 429, 500, 503])
 def test_anything_else_is_retried_until_the_last_attempt(status: int | None) -> None:
-    answer = Answer(status=status, error="x")
+    answer = AttemptResult(status=status, error="x")
     assert judge(answer, 1, SHORT, top).outcome is Outcome.RETRY
     assert judge(answer, 2, SHORT, top).wait_s == 4.0
     last = judge(answer, 3, SHORT, top)
@@ -81,17 +81,19 @@ def test_anything_else_is_retried_until_the_last_attempt(status: int | None) -> 
 
 @pytest.mark.parametrize("status", [429, 503])
 def test_retry_after_counts_on_429_and_503(status: int) -> None:
-    verdict = judge(Answer(status=status, retry_after_s=50.0), 1, SHORT, top)
-    assert verdict == judge(Answer(status=status, retry_after_s=50.0), 1, SHORT, bottom)
+    verdict = judge(AttemptResult(status=status, retry_after_s=50.0), 1, SHORT, top)
+    assert verdict == judge(AttemptResult(status=status, retry_after_s=50.0), 1, SHORT, bottom)
     assert verdict.wait_s == 50.0
 
 
 def test_retry_after_is_ignored_on_other_statuses() -> None:
-    assert judge(Answer(status=500, retry_after_s=50.0), 1, SHORT, top).wait_s == 2.0
+    assert judge(AttemptResult(status=500, retry_after_s=50.0), 1, SHORT, top).wait_s == 2.0
 
 
 def test_410_disables_and_a_refused_address_is_given_up_at_once() -> None:
-    assert judge(Answer(status=410), 1, SHORT, top).outcome is Outcome.GONE
-    refused = judge(Answer(status=None, error="refused: loopback", refused=True), 1, SHORT, top)
+    assert judge(AttemptResult(status=410), 1, SHORT, top).outcome is Outcome.GONE
+    refused = judge(
+        AttemptResult(status=None, error="refused: loopback", refused=True), 1, SHORT, top
+    )
     assert refused.outcome is Outcome.DEAD
     assert refused.reason == "refused: loopback"

@@ -19,7 +19,7 @@ from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import JobKind, Priority
 from workers import consumer as consumer_module
 from workers.consumer import Worker
-from workers.repository import Claimed
+from workers.repository import ClaimedJob
 
 TOPIC = "t.dispatch"
 TP = TopicPartition(TOPIC, 0)
@@ -100,7 +100,7 @@ class FakeExecutor:
         await self.claim_done.wait()
         now = datetime.now(UTC)
         return {
-            job_id: Claimed(
+            job_id: ClaimedJob(
                 id=job_id,
                 tenant="t",
                 kind=JobKind.COMPLETE,
@@ -114,7 +114,7 @@ class FakeExecutor:
             for job_id in job_ids
         }
 
-    async def run(self, job: Claimed, progress: object) -> None:
+    async def run(self, job: ClaimedJob, progress: object) -> None:
         await self.job_done.wait()
         self.ended.append(job.id)
 

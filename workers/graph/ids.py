@@ -3,9 +3,9 @@ each drawn so that its dispatch record lands on the partition its place calls fo
 
 A record's partition is its key's (the job id's) murmur2 hash, as the relay's producer
 partitions it (aiokafka's ``DefaultPartitioner``, Apache Kafka's Java default too). Left to
-chance, a document's 138 chunks fell 16 to 4 on 16 partitions, and the worker with 16 set the
-map's time; drawn in turn, each partition gets its share. A draw takes ``partitions`` tries on
-average (uuid7 and a hash each: microseconds)."""
+chance, a document's chunks spread unevenly over the partitions and the busiest worker set
+the map's time (docs/performance.md); drawn in turn, each partition gets its share. A draw
+takes ``partitions`` tries on average (uuid7 and a hash each: microseconds)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from schemas.tables import graphs, jobs
 
 
 @dataclass(frozen=True, kw_only=True)
-class Child:
+class GraphChild:
     """A job of a document's graph: its document and its level."""
 
     parent_id: str
@@ -71,7 +71,7 @@ def usage_of(result: Mapping[str, Any] | None) -> tuple[int, int]:
 
 async def child_end(
     conn: AsyncConnection,
-    child: Child,
+    child: GraphChild,
     *,
     job_id: str,
     attempt: int,

@@ -21,7 +21,7 @@ from schemas.states import JobState
 from schemas.tables import graphs, jobs, outbox
 from workers.gate import event_row
 from workers.graph.ids import new_id, partition_of
-from workers.graph.part_store import Child, Counted, usage_of
+from workers.graph.part_store import Counted, GraphChild, usage_of
 from workers.graph.plan import SEPARATOR, Plan, group
 
 # What a graph's writer reads of its document: never its input (up to 4 MiB) or result.
@@ -181,7 +181,7 @@ class GraphWriter:
     async def after_end(
         self,
         conn: AsyncConnection,
-        child: Child,
+        child: GraphChild,
         counted: Counted,
         state: JobState,
         error: dict[str, Any] | None,
@@ -261,7 +261,7 @@ class GraphWriter:
         for document in (await conn.execute(lapsed)).scalars().all():
             await self.end_document(conn, str(document), JobState.ABANDONED, error, now)
 
-    async def _next_level(self, conn: AsyncConnection, child: Child, now: datetime) -> None:
+    async def _next_level(self, conn: AsyncConnection, child: GraphChild, now: datetime) -> None:
         graph = (
             (await conn.execute(select(graphs).where(graphs.c.job_id == child.parent_id)))
             .mappings()

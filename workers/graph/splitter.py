@@ -12,7 +12,7 @@ from datetime import datetime
 from schemas.jobs import SAFETY, JobKind, fan_in, reduce_levels
 from workers.engines.base import GenerationRequest, InferenceEngine
 from workers.graph.plan import Plan, pack, units
-from workers.repository import Claimed
+from workers.repository import ClaimedJob
 
 OVERLAP = 0.04  # of a chunk's budget, carried over from the chunk before
 MAX_OVERLAP = 64  # tokens
@@ -33,7 +33,7 @@ class Split:
     level_s: float  # seconds kept back for each level of reduces
 
 
-def _request(job: Claimed, text: str) -> GenerationRequest:
+def _request(job: ClaimedJob, text: str) -> GenerationRequest:
     return GenerationRequest(
         request_id=f"{job.id}:measure",
         kind=job.kind,
@@ -47,11 +47,11 @@ class Splitter:
     def __init__(self, engine: InferenceEngine) -> None:
         self._engine = engine
 
-    async def _tokens(self, job: Claimed, text: str) -> int:
+    async def _tokens(self, job: ClaimedJob, text: str) -> int:
         return await self._engine.prompt_tokens(_request(job, text))
 
     async def split(
-        self, job: Claimed, now: datetime, service_s: float | None = None
+        self, job: ClaimedJob, now: datetime, service_s: float | None = None
     ) -> Split | None:
         """None: the job fits its engine (or is not a document); else its graph's plan.
         ``service_s``: the measured time of one reduce, if known."""
@@ -88,7 +88,7 @@ class Splitter:
         return Split(plan=plan, level_s=max(level_s, 0.0))
 
     async def _fitted(
-        self, job: Claimed, chunks: list[str], budget: int, overhead: int, overlap: int
+        self, job: ClaimedJob, chunks: list[str], budget: int, overhead: int, overlap: int
     ) -> list[str]:
         """The chunks the engine measured over ``budget`` cut again, smaller, until each
         fits (the estimate per character is the document's average)."""

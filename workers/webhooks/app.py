@@ -24,10 +24,10 @@ import faust
 from plumbing.kafka import ensure_topics
 from plumbing.settings.kafka import KafkaSettings
 from plumbing.settings.webhooks import WebhookSettings
-from workers.webhooks.events import Record
+from workers.webhooks.events import EventRecord
 
 # The records the agent took together; they are acknowledged once it returns.
-Handler = Callable[[Sequence[Record]], Awaitable[None]]
+Handler = Callable[[Sequence[EventRecord]], Awaitable[None]]
 
 # The most records in one call of the handler.
 BATCH_MAX = 500
@@ -107,7 +107,7 @@ def build_app(c: Consuming, handle: Handler) -> Any:
         async def write(events: list[Any]) -> None:
             await handle(
                 [
-                    Record(
+                    EventRecord(
                         topic=e.message.topic,
                         partition=e.message.partition,
                         offset=e.message.offset,

@@ -32,8 +32,8 @@ from schemas.webhooks import (
     WebhookDeadLetter,
     delivery_from_row,
 )
-from workers.webhooks.claim_repository import Claimed
-from workers.webhooks.retry import Answer, Outcome, Verdict
+from workers.webhooks.claim_repository import ClaimedDelivery
+from workers.webhooks.retry import AttemptResult, Outcome, Verdict
 
 _PENDING = DeliveryState.PENDING.value
 ENDPOINT_DISABLED = "endpoint disabled (it answered 410 Gone)"
@@ -79,8 +79,8 @@ class Recorded:
 class Attempted:
     """An attempt that delivered or is to be retried, and what it did."""
 
-    claimed: Claimed
-    answer: Answer
+    claimed: ClaimedDelivery
+    answer: AttemptResult
     verdict: Verdict
 
 
@@ -108,7 +108,9 @@ class AttemptRepository:
             )
             return {r.id for r in result}
 
-    async def give_up(self, claimed: Claimed, answer: Answer, verdict: Verdict) -> Recorded:
+    async def give_up(
+        self, claimed: ClaimedDelivery, answer: AttemptResult, verdict: Verdict
+    ) -> Recorded:
         """Record an attempt after which the delivery is given up (``verdict``: DEAD or
         GONE). ``owned`` is False when the delivery was no longer this attempt's.
         ``disabled``: the other pending deliveries a 410 dead-lettered with it."""

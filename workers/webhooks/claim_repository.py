@@ -94,7 +94,7 @@ FROM next_due CROSS JOIN oldest_due LEFT JOIN leased ON true
 
 
 @dataclass(frozen=True, kw_only=True)
-class Claimed:
+class ClaimedDelivery:
     """A delivery leased to this dispatcher for one attempt, with the secrets that sign
     it (its tenant's unexpired ones when it was leased, oldest first)."""
 
@@ -114,7 +114,7 @@ class Claimed:
 
 @dataclass(frozen=True, kw_only=True)
 class Claim:
-    claimed: list[Claimed]
+    claimed: list[ClaimedDelivery]
     disabled: list[str]  # ids of deliveries to disabled endpoints, leased to be given up
     wait_s: float | None  # until the next one not leased here comes due (None: none)
     due_for_s: float | None  # how long the oldest due one not leased here has been due
@@ -146,7 +146,7 @@ class ClaimRepository:
                 )
             ).all()
         claimed = [
-            Claimed(
+            ClaimedDelivery(
                 id=r.id,
                 tenant=r.tenant,
                 url=r.url,
@@ -171,7 +171,7 @@ class ClaimRepository:
 
 
 def full_after(
-    busy: Iterable[tuple[Endpoint, int]], claimed: Iterable[Claimed], per_endpoint: int
+    busy: Iterable[tuple[Endpoint, int]], claimed: Iterable[ClaimedDelivery], per_endpoint: int
 ) -> frozenset[Endpoint]:
     """The endpoints at their limit once ``claimed`` start beside ``busy`` (the attempts in
     flight that the claim was given): the claim left their other deliveries out of its

@@ -36,9 +36,9 @@ from schemas.webhooks import (
     M_WEBHOOK_OLDEST_DUE,
 )
 from workers.webhooks.attempt_repository import Attempted, Recorded
-from workers.webhooks.claim_repository import Claim, Claimed, Endpoint
+from workers.webhooks.claim_repository import Claim, ClaimedDelivery, Endpoint
 from workers.webhooks.recorder import Recorder
-from workers.webhooks.retry import Answer, Outcome, RetrySchedule, Uniform, Verdict, judge
+from workers.webhooks.retry import AttemptResult, Outcome, RetrySchedule, Uniform, Verdict, judge
 from workers.webhooks.signing import signed_headers
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,9 @@ class Attempts(Protocol):
 
     async def record(self, done: Sequence[Attempted]) -> set[str]: ...
 
-    async def give_up(self, claimed: Claimed, answer: Answer, verdict: Verdict) -> Recorded: ...
+    async def give_up(
+        self, claimed: ClaimedDelivery, answer: AttemptResult, verdict: Verdict
+    ) -> Recorded: ...
 
     async def give_up_disabled(self, delivery_ids: Sequence[str]) -> int: ...
 
@@ -97,7 +99,7 @@ class Attempts(Protocol):
 class Poster(Protocol):
     """Sends one attempt (``WebhookClient``)."""
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Answer: ...
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AttemptResult: ...
 
 
 class Dispatcher:
@@ -227,7 +229,7 @@ class Dispatcher:
         if dead:
             _disabled(dead)
 
-    def _start(self, claimed: Claimed) -> None:
+    def _start(self, claimed: ClaimedDelivery) -> None:
         self._busy[claimed.endpoint] += 1
         task = asyncio.create_task(self._attempt(claimed), name=f"webhook-{claimed.id}")
         self._tasks.add(task)
@@ -251,7 +253,7 @@ class Dispatcher:
             self._full = self._full - {endpoint}
             self.wake()
 
-    async def _attempt(self, claimed: Claimed) -> None:
+    async def _attempt(self, claimed: ClaimedDelivery) -> None:
         """One attempt. A failure to record it leaves the row leased: it comes due again
         when the lease runs out, with the same webhook-id."""
         leased_for = self._lease_s
@@ -288,7 +290,9 @@ class Dispatcher:
             verdict.outcome.value,
         )
 
-    async def _record(self, claimed: Claimed, answer: Answer, verdict: Verdict) -> Recorded:
+    async def _record(
+        self, claimed: ClaimedDelivery, answer: AttemptResult, verdict: Verdict
+    ) -> Recorded:
         """Delivered and retried attempts are written together (``Recorder``); one after
         which the delivery is given up takes its own transaction."""
         if verdict.outcome in (Outcome.DELIVERED, Outcome.RETRY):
@@ -296,9 +300,9 @@ class Dispatcher:
             return Recorded(owned=await self._recorder.record(attempted))
         return await asyncio.shield(self._attempts.give_up(claimed, answer, verdict))
 
-    async def _send(self, claimed: Claimed) -> Answer:
+    async def _send(self, claimed: ClaimedDelivery) -> AttemptResult:
         if not claimed.secrets:
-            return Answer(status=None, error=NO_SECRET)
+            return AttemptResult(status=None, error=NO_SECRET)
         headers = signed_headers(claimed.id, claimed.body, claimed.secrets, datetime.now(UTC))
         return await self._client.post(claimed.url, claimed.body.encode("utf-8"), headers)
 

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Record:
+class EventRecord:
     """One record of the events topic."""
 
     topic: str
@@ -51,7 +51,7 @@ class EventHandler:
         self._schedule = schedule
         self._uniform = uniform
 
-    async def __call__(self, records: Sequence[Record]) -> None:
+    async def __call__(self, records: Sequence[EventRecord]) -> None:
         """Handle a batch of records, until the database takes them (the agent's offsets
         are committed only after it)."""
         ended: dict[str, None] = {}  # terminal jobs, in order, once each
@@ -74,7 +74,7 @@ class EventHandler:
         if made.ids:
             self._dispatcher.due_in(min(made.waits_s))
 
-    async def _poison(self, record: Record) -> None:
+    async def _poison(self, record: EventRecord) -> None:
         r = record
         log.error("webhooks: %s@%d:%d is not a job event", r.topic, r.partition, r.offset)
         await retrying(

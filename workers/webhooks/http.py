@@ -20,7 +20,7 @@ from ipaddress import ip_address
 
 import httpx
 
-from workers.webhooks.retry import Answer, parse_retry_after
+from workers.webhooks.retry import AttemptResult, parse_retry_after
 from workers.webhooks.ssrf import AddressPolicy
 
 # host, port -> the addresses it resolves to
@@ -41,8 +41,8 @@ def _answer(
     error: str | None = None,
     retry_after_s: float | None = None,
     refused: bool = False,
-) -> Answer:
-    return Answer(
+) -> AttemptResult:
+    return AttemptResult(
         status=status,
         error=error[:500] if error else None,
         retry_after_s=retry_after_s,
@@ -82,7 +82,7 @@ class WebhookClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Answer:
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AttemptResult:
         """POST ``body`` to ``url``; never raises for what the network or the receiver did."""
         started = time.monotonic()
         try:
@@ -115,7 +115,7 @@ class WebhookClient:
         body: bytes,
         headers: Mapping[str, str],
         started: float,
-    ) -> Answer:
+    ) -> AttemptResult:
         pinned = target.copy_with(host=address.split("%", 1)[0])
         extensions = {}
         if target.scheme == "https" and not _is_ip(target.host):

@@ -68,7 +68,7 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 @dataclass(frozen=True, kw_only=True)
-class Answer:
+class AttemptResult:
     """How one attempt went. ``status`` is None when no response came (DNS, connect,
     timeout, refused by the SSRF policy, no secret to sign with)."""
 
@@ -94,7 +94,9 @@ class Verdict:
     code: str | None = None  # the same as a stable label: gone, refused, retries_exhausted
 
 
-def judge(answer: Answer, attempt: int, schedule: RetrySchedule, uniform: Uniform) -> Verdict:
+def judge(
+    answer: AttemptResult, attempt: int, schedule: RetrySchedule, uniform: Uniform
+) -> Verdict:
     """Only a 2xx delivers; a 410 disables the endpoint; a refused address is given up at
     once; anything else (3xx included: redirects are never followed) is retried on the
     schedule until the last attempt."""

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from schemas.errors import SluicegateError
 from sluicegate.local.model import sha256_of
+from sluicegate.local.pull_errors import ChecksumMismatch, DownloadFailed
 
 KAFKA_VERSION = "4.1.2"
 LOG4J_VERSION = "2.24.3"
@@ -56,19 +57,6 @@ class JavaTooOld(KafkaUnavailable):
 
 class MavenMissing(KafkaUnavailable):
     code = "maven_missing"
-
-
-class DownloadFailed(KafkaUnavailable):
-    """Maven could not resolve the artifacts (no registry, no such version)."""
-
-    code = "kafka_download_failed"
-    retriable = True
-
-
-class ChecksumMismatch(KafkaUnavailable):
-    """A jar is not the pinned one, or the set of jars differs from the pinned set."""
-
-    code = "kafka_checksum_mismatch"
 
 
 class NotPulled(KafkaUnavailable):
@@ -219,10 +207,12 @@ def resolve(mvn: str, work: Path, libs: Path, *, repository: str) -> None:
             command, capture_output=True, text=True, timeout=MVN_TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired:
-        raise DownloadFailed(f"Maven did not finish in {MVN_TIMEOUT_S} s") from None
+        raise DownloadFailed("kafka", f"Maven did not finish in {MVN_TIMEOUT_S} s") from None
     if done.returncode != 0:
         why = _first_error(done.stdout + done.stderr)
-        raise DownloadFailed(f"Maven could not resolve Apache Kafka {KAFKA_VERSION}: {why}")
+        raise DownloadFailed(
+            "kafka", f"Maven could not resolve Apache Kafka {KAFKA_VERSION}: {why}"
+        )
 
 
 def _first_error(output: str) -> str:
@@ -239,9 +229,15 @@ def check(libs: Path) -> None:
     expected = pinned()
     found = {p.name: p for p in libs.glob("*.jar")}
     if missing := sorted(set(expected) - set(found)):
-        raise ChecksumMismatch(f"{len(missing)} pinned jars were not resolved: {missing[:3]}")
+        raise ChecksumMismatch(
+            "kafka", f"{len(missing)} pinned jars were not resolved: {missing[:3]}"
+        )
     if extra := sorted(set(found) - set(expected)):
-        raise ChecksumMismatch(f"{len(extra)} jars resolved that are not pinned: {extra[:3]}")
+        raise ChecksumMismatch(
+            "kafka", f"{len(extra)} jars resolved that are not pinned: {extra[:3]}"
+        )
     for name, path in sorted(found.items()):
         if (digest := sha256_of(path)) != expected[name]:
-            raise ChecksumMismatch(f"{name} has sha256 {digest}, expected {expected[name]}")
+            raise ChecksumMismatch(
+                "kafka", f"{name} has sha256 {digest}, expected {expected[name]}"
+            )

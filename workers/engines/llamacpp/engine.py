@@ -24,7 +24,7 @@ the server.
   stream's ``Generation.finish_reason`` is the one of the server's last chunk (llama.cpp's
   OpenAI-compatible chunks carry it as vLLM's do).
 - Abort: the reader task is cancelled and the connection closed; llama.cpp notices at its
-  next write and frees the slot (measured: about 20 ms, a few decode steps).
+  next write and frees the slot, a few decode steps later (docs/workers.md).
 - ``count_tokens`` is an estimate (about 4 bytes a token): the tokenizer is in the server;
   the exact check happens in ``generate``.
 """
