@@ -169,7 +169,10 @@ async def _stop_producer(producer: AIOKafkaProducer, grace_s: float) -> None:
 def _abandon(producer: AIOKafkaProducer) -> None:
     """Stop the producer's sender (its ``stop()`` then goes on to close the connections) and
     fail every record it still holds, so that nothing waits on them. aiokafka has no public
-    way to give up on an idempotent producer's records."""
+    way to give up on an idempotent producer's records (``stop()`` takes no timeout, and
+    cancelling it leaves the connections open): this is the one place that reaches into
+    it, held to the installed version by tests/unit/test_library_contracts.py, and aiokafka
+    is pinned below its next minor."""
     task = producer._sender.sender_task
     if task is not None:
         task.cancel()
