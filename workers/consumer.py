@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from confluent_kafka import KafkaException
 from pydantic import ValidationError
@@ -22,9 +22,9 @@ from schemas.envelopes import DispatchEnvelope
 from workers.dead_letter_store import record_subject
 from workers.execution import Executor, Progress
 from workers.gate import Drop, PullGate
-from workers.group.kip848 import GroupConsumer, Record
 from workers.group.listener import Rebalance
 from workers.group.offsets import OffsetTracker
+from workers.group.seams import FetchedRecord, GroupConsumer
 from workers.metrics import DEAD_LETTERED, DROPPED, JOBS_RUNNING, PAUSED_SECONDS
 from workers.repository import Claimed
 
@@ -74,7 +74,7 @@ class Worker:
     def __init__(
         self,
         *,
-        consumer: AIOKafkaConsumer | GroupConsumer,
+        consumer: GroupConsumer,
         gate: PullGate,
         executor: Executor,
         topic: str,
@@ -96,8 +96,7 @@ class Worker:
         self._tasks: dict[asyncio.Task[None], Started] = {}
         # Set once the batch being claimed now has been started (None: no claim under way).
         self._claimed: asyncio.Event | None = None
-        self._changed = asyncio.Event()
-        gate.on_release = self._changed.set  # room, before the job's end is written
+        self._changed = gate.room_changed  # set by the gate too: room, before a job's end
         self._commit_lock = asyncio.Lock()
         self._recommit = Later()  # a failed commit is tried again, whatever ends next
         self._paused_since: float | None = None
@@ -140,9 +139,7 @@ class Worker:
                 return await self._decode(tp, record)
         return None
 
-    async def _decode(
-        self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes] | Record
-    ) -> Held | None:
+    async def _decode(self, tp: TopicPartition, record: FetchedRecord) -> Held | None:
         payload = record.value or b""
         try:
             envelope = DispatchEnvelope.model_validate_json(payload)

@@ -71,6 +71,7 @@ class FakeConsumer:
 class FakeGate:
     def __init__(self) -> None:
         self.in_flight: set[str] = set()
+        self.room_changed = asyncio.Event()
 
     def room(self) -> bool:
         return len(self.in_flight) < 4
