@@ -167,7 +167,7 @@ async def submitted(
     dependencies: the busiest route spent a third of its CPU in FastAPI's dependency
     solving (docs/performance.md)."""
     settings: Settings = state.settings
-    api: ApiSettings = state.api_settings
+    api: ApiSettings = state.settings.api
     pools: PoolRouter = state.pools
     groups: GroupCommit = state.group_commit
     wait = wait_limit(wait, settings.max_wait_s)  # refused before anything is stored
