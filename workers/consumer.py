@@ -9,14 +9,13 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from confluent_kafka import KafkaException
 from pydantic import ValidationError
 
-from plumbing.kafka import cluster_id
+from plumbing.kafka import ClusterIdReader
 from plumbing.retry import Later, Stopped, outage, retrying, wait_first
 from schemas.envelopes import DispatchEnvelope
 from workers.dead_letter_store import record_subject
@@ -86,7 +85,7 @@ class Worker:
         self.gate = gate
         self.executor = executor
         self._topic = topic
-        self._bootstrap = bootstrap
+        self._cluster_ids = ClusterIdReader(bootstrap)  # one client, for every check
         self._cluster: str | None = None
         self._drain_timeout_s = drain_timeout_s
         self._claim_batch = claim_batch
@@ -107,10 +106,11 @@ class Worker:
         return len(self._tasks)
 
     async def run(self, stop: asyncio.Event) -> None:
-        read = partial(cluster_id, self._bootstrap)  # the log our offsets will index
+        read = self._cluster_ids.read  # the log our offsets will index
         try:
             self._cluster = await retrying("worker_cluster_id", read, stop=stop, transient=outage)
         except Stopped:  # stopped while the broker could not be reached
+            await self._cluster_ids.close()
             return
         self.consumer.subscribe([self._topic], listener=Rebalance(self))
         try:
@@ -130,6 +130,7 @@ class Worker:
         finally:
             self._resume()
             await self._drain()
+            await self._cluster_ids.close()
 
     async def _take(self, timeout_ms: int = FETCH_TIMEOUT_MS) -> Held | None:
         """The next record, if one comes within the timeout and is a job to run."""
@@ -335,7 +336,7 @@ class Worker:
         every start, and committing positions from the lost log would skip new records.
         """
         try:
-            current = await cluster_id(self._bootstrap)
+            current = await self._cluster_ids.read()
         except (KafkaError, OSError) as exc:
             log.warning("cannot read the cluster id, not committing now: %r", exc)
             return None

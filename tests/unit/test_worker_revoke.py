@@ -125,10 +125,17 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """The broker's cluster id, as the worker reads it."""
     current = {"id": "old"}
 
-    async def cluster_id(bootstrap: str) -> str:
-        return current["id"]
+    class ClusterIdReader:
+        def __init__(self, bootstrap: str) -> None:
+            pass
 
-    monkeypatch.setattr(consumer_module, "cluster_id", cluster_id)
+        async def read(self) -> str:
+            return current["id"]
+
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(consumer_module, "ClusterIdReader", ClusterIdReader)
     return current
 
 
