@@ -231,7 +231,7 @@ def test_every_scenario_runs_as_a_module(name: str) -> None:
         for node in tree.body
         if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
     ]
-    assert guards, f"{name}: no `if __name__ == \"__main__\":`"
+    assert guards, f'{name}: no `if __name__ == "__main__":`'
 
 
 @pytest.mark.parametrize("name", scenario_files())
