@@ -101,13 +101,56 @@ async def delete_topics(bootstrap: str, topics: list[str]) -> None:
 
 
 async def cluster_id(bootstrap: str) -> str | None:
-    """The broker cluster's id; a new id means a new log (the old records are gone)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
-    await admin.start()
+    """The broker cluster's id, read once (a client of its own, closed after)."""
+    reader = ClusterIdReader(bootstrap)
     try:
-        return await described_cluster_id(admin)
+        return await reader.read()
     finally:
+        await reader.close()
+
+
+class ClusterIdReader:
+    """Reads the broker cluster's id; a new id means a new log (the old records are gone).
+
+    One admin client, started on first use and kept: a read is one DescribeCluster request
+    on its connection, which follows the broker to wherever it comes back (a broker whose
+    data was replaced answers with its new id). After an error the client is closed, and
+    the next read starts a new one. aiokafka's producer and consumer keep no cluster id of
+    their metadata, so reading it takes this request.
+    """
+
+    def __init__(self, bootstrap: str) -> None:
+        self._bootstrap = bootstrap
+        self._admin: AIOKafkaAdminClient | None = None
+
+    async def read(self) -> str | None:
+        if self._admin is None:
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=self._bootstrap, request_timeout_ms=10_000
+            )
+            try:
+                await admin.start()
+            except BaseException:
+                await _close_admin(admin)
+                raise
+            self._admin = admin
+        try:
+            return await described_cluster_id(self._admin)
+        except (KafkaError, OSError):
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            await _close_admin(admin)
+
+
+async def _close_admin(admin: AIOKafkaAdminClient) -> None:
+    try:
         await admin.close()
+    except (KafkaError, OSError) as exc:
+        log.warning("closing a Kafka admin client: %r", exc)
 
 
 async def broker_api_keys(bootstrap: str) -> set[int]:
@@ -169,7 +212,10 @@ async def _stop_producer(producer: AIOKafkaProducer, grace_s: float) -> None:
 def _abandon(producer: AIOKafkaProducer) -> None:
     """Stop the producer's sender (its ``stop()`` then goes on to close the connections) and
     fail every record it still holds, so that nothing waits on them. aiokafka has no public
-    way to give up on an idempotent producer's records."""
+    way to give up on an idempotent producer's records (``stop()`` takes no timeout, and
+    cancelling it leaves the connections open): this is the one place that reaches into
+    it, held to the installed version by tests/unit/test_library_contracts.py, and aiokafka
+    is pinned below its next minor."""
     task = producer._sender.sender_task
     if task is not None:
         task.cancel()

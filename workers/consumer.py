@@ -9,22 +9,21 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from confluent_kafka import KafkaException
 from pydantic import ValidationError
 
-from plumbing.kafka import cluster_id
+from plumbing.kafka import ClusterIdReader
 from plumbing.retry import Backoff, Stopped, outage, retrying, wait_first
 from schemas.envelopes import DispatchEnvelope
 from workers.dead_letter_store import record_subject
 from workers.execution import Executor, Progress
 from workers.gate import Drop, PullGate
-from workers.group.kip848 import GroupConsumer, Record
 from workers.group.listener import Rebalance
 from workers.group.offsets import OffsetTracker
+from workers.group.seams import FetchedRecord, GroupConsumer
 from workers.metrics import DEAD_LETTERED, DROPPED, JOBS_RUNNING, PAUSED_SECONDS
 from workers.repository import ClaimedJob
 
@@ -74,7 +73,7 @@ class Worker:
     def __init__(
         self,
         *,
-        consumer: AIOKafkaConsumer | GroupConsumer,
+        consumer: GroupConsumer,
         gate: PullGate,
         executor: Executor,
         topic: str,
@@ -86,7 +85,7 @@ class Worker:
         self.gate = gate
         self.executor = executor
         self._topic = topic
-        self._bootstrap = bootstrap
+        self._cluster_ids = ClusterIdReader(bootstrap)  # one client, for every check
         self._cluster: str | None = None
         self._drain_timeout_s = drain_timeout_s
         self._claim_batch = claim_batch
@@ -96,8 +95,7 @@ class Worker:
         self._tasks: dict[asyncio.Task[None], Started] = {}
         # Set once the batch being claimed now has been started (None: no claim under way).
         self._claimed: asyncio.Event | None = None
-        self._changed = asyncio.Event()
-        gate.on_release = self._changed.set  # room, before the job's end is written
+        self._changed = gate.room_changed  # set by the gate too: room, before a job's end
         self._commit_lock = asyncio.Lock()
         self._recommit = Backoff()  # a failed commit is tried again, whatever ends next
         self._paused_since: float | None = None
@@ -108,10 +106,11 @@ class Worker:
         return len(self._tasks)
 
     async def run(self, stop: asyncio.Event) -> None:
-        read = partial(cluster_id, self._bootstrap)  # the log our offsets will index
+        read = self._cluster_ids.read  # the log our offsets will index
         try:
             self._cluster = await retrying("worker_cluster_id", read, stop=stop, transient=outage)
         except Stopped:  # stopped while the broker could not be reached
+            await self._cluster_ids.close()
             return
         self.consumer.subscribe([self._topic], listener=Rebalance(self))
         try:
@@ -131,6 +130,7 @@ class Worker:
         finally:
             self._resume()
             await self._drain()
+            await self._cluster_ids.close()
 
     async def _take(self, timeout_ms: int = FETCH_TIMEOUT_MS) -> Held | None:
         """The next record, if one comes within the timeout and is a job to run."""
@@ -140,9 +140,7 @@ class Worker:
                 return await self._decode(tp, record)
         return None
 
-    async def _decode(
-        self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes] | Record
-    ) -> Held | None:
+    async def _decode(self, tp: TopicPartition, record: FetchedRecord) -> Held | None:
         payload = record.value or b""
         try:
             envelope = DispatchEnvelope.model_validate_json(payload)
@@ -338,7 +336,7 @@ class Worker:
         every start, and committing positions from the lost log would skip new records.
         """
         try:
-            current = await cluster_id(self._bootstrap)
+            current = await self._cluster_ids.read()
         except (KafkaError, OSError) as exc:
             log.warning("cannot read the cluster id, not committing now: %r", exc)
             return None

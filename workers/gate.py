@@ -15,8 +15,9 @@ deadline by running faster than the engine measurably runs, is dropped without a
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -65,8 +66,7 @@ class JobProgress:
         if not self.released:
             self.released = True
             self.gate.finished(self.job_id)
-            if self.gate.on_release is not None:
-                self.gate.on_release()
+            self.gate.room_changed.set()
 
 
 class PullGate:
@@ -81,7 +81,9 @@ class PullGate:
         max_prefill_tokens: int | None = None,
     ) -> None:
         self._engine = engine
-        self.on_release: Callable[[], None] | None = None  # a job's KV was let go early
+        # Set where room may have opened: here when a job's KV is let go early (before its
+        # end is written); by its user, the worker, on whatever else it sees free room.
+        self.room_changed = asyncio.Event()
         self.policy = policy
         self.max_running = max_running
         # Prompt tokens of started jobs still before their first output token: a cap on it

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -27,7 +28,12 @@ from workers.engines.base import InferenceEngine
 from workers.engines.sim.engine import SimEngine
 from workers.execution import Executor
 from workers.gate import PreDecodeGate, PullGate
-from workers.group.kip848 import GroupConsumer, consumer_config, require_consumer_protocol
+from workers.group.seams import GroupConsumer
+from workers.group.threaded_consumer import (
+    ThreadedConsumer,
+    consumer_config,
+    require_consumer_protocol,
+)
 from workers.kv import ExpectedOutput, SpeedMeter
 from workers.metrics import watch
 from workers.presence.report import Presence, worker_id
@@ -132,12 +138,10 @@ def build_presence(
     )
 
 
-def make_group_consumer(
-    bootstrap: str, group_id: str, worker: WorkerSettings
-) -> AIOKafkaConsumer | GroupConsumer:
+def make_group_consumer(bootstrap: str, group_id: str, worker: WorkerSettings) -> GroupConsumer:
     """The worker's member of its group, on ``worker_group_protocol``."""
     if worker.worker_group_protocol == "consumer":
-        return GroupConsumer(
+        return ThreadedConsumer(
             consumer_config(
                 bootstrap,
                 group_id=group_id,
@@ -145,29 +149,30 @@ def make_group_consumer(
                 group_instance_id=worker.worker_group_instance_id,
             )
         )
-    return make_consumer(
+    classic: GroupConsumer = make_consumer(
         bootstrap,
         group_id=group_id,
         fetch_bytes=worker.worker_fetch_bytes,
         group_instance_id=worker.worker_group_instance_id,
         session_timeout_ms=worker.worker_session_timeout_ms,
     )
+    return classic
 
 
-async def close_consumer(consumer: AIOKafkaConsumer | GroupConsumer) -> None:
-    if isinstance(consumer, GroupConsumer):
-        await consumer.stop()
-    else:
+async def close_consumer(consumer: GroupConsumer) -> None:
+    if isinstance(consumer, AIOKafkaConsumer):
         await close_client(consumer)
+    else:
+        await consumer.stop()
 
 
 async def start_consumer(
     bootstrap: str, group_id: str, worker: WorkerSettings, stop: asyncio.Event
-) -> AIOKafkaConsumer | GroupConsumer | None:
+) -> GroupConsumer | None:
     """The worker's consumer, started once the broker answers; None if ``stop`` comes
     first."""
 
-    async def start() -> AIOKafkaConsumer | GroupConsumer:
+    async def start() -> GroupConsumer:
         if worker.worker_group_protocol == "consumer":
             await require_consumer_protocol(bootstrap)
         consumer = make_group_consumer(bootstrap, group_id, worker)
@@ -222,15 +227,23 @@ def ends_of(
 
 
 async def run_worker(
-    settings: Settings,
-    stop: asyncio.Event,
-    *,
-    engine: InferenceEngine | None = None,
-    on_worker: Callable[[Worker], None] | None = None,
+    settings: Settings, stop: asyncio.Event, *, engine: InferenceEngine | None = None
 ) -> None:
     """Run one worker until ``stop``, in the pool of its model (``worker_model``: its
-    topic, its group, its settings). ``on_worker`` is shown the worker before it starts
-    (tests and benchmarks watch it)."""
+    topic, its group, its settings)."""
+    async with working(settings, stop, engine=engine) as worker:
+        if worker is not None:
+            await worker.run(stop)
+
+
+@contextlib.asynccontextmanager
+async def working(
+    settings: Settings, stop: asyncio.Event, *, engine: InferenceEngine | None = None
+) -> AsyncIterator[Worker | None]:
+    """One worker, made with everything it runs with (its engine started, its consumer,
+    its control, its presence reports), for its caller to run; all of it stopped and closed
+    after. None if ``stop`` came before the broker answered. ``engine``: the one to use
+    (None: the one ``settings`` name)."""
     pool = Pools(settings).for_worker()
     settings = pool.settings
     label("worker", model=pool.model)  # every family it exports: its pool's model
@@ -244,6 +257,7 @@ async def run_worker(
             settings.require_kafka(), settings.consumer_group, own, stop
         )
         if consumer is None:
+            yield None
             return
         repo = claims(settings, db)
         control = Control(
@@ -269,22 +283,19 @@ async def run_worker(
                 takeover_grace_s=own.drain_timeout_s,
             )
             watch(inference, gate.reserved_blocks)
-            worker = Worker(
-                consumer=consumer,
-                gate=gate,
-                executor=executor,
-                topic=settings.dispatch_topic,
-                bootstrap=settings.require_kafka(),
-                drain_timeout_s=own.drain_timeout_s,
-                claim_batch=own.claim_batch,
-            )
-            if on_worker is not None:
-                on_worker(worker)
             presence_stop = asyncio.Event()
             reporting = build_presence(settings, db, inference, gate, repo.work)
             presence = asyncio.create_task(reporting.run(presence_stop), name="presence")
             try:
-                await worker.run(stop)
+                yield Worker(
+                    consumer=consumer,
+                    gate=gate,
+                    executor=executor,
+                    topic=settings.dispatch_topic,
+                    bootstrap=settings.require_kafka(),
+                    drain_timeout_s=own.drain_timeout_s,
+                    claim_batch=own.claim_batch,
+                )
             finally:
                 presence_stop.set()
                 await presence

@@ -7,86 +7,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import os
 import signal
 import sys
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib.reports import percentile
+from benchmarks.lib.ingress_clients import drive_client, drive_wrk, wrk_found
+from benchmarks.lib.ingress_runs import JOB, Run, Served, bench_modules
 from benchmarks.lib.stack import bench_settings, services
-from client.samples import sample_documents
 from plumbing.settings import Settings
 from schemas.constants import M_SUBMIT_GROUP as SUBMIT_GROUP
 from sluicegate.local.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-INSTALL = "pip install -e '.[bench]'  (celery, redis, aiohttp, matplotlib)"
 TENANT = {"X-Sluicegate-Tenant": "bench", "Content-Type": "application/json"}
 OUT_OF_REACH = 1_000_000_000
 DRAIN_TIMEOUT_S = 300.0
-
-# The same job for Sluicegate and for a baseline: a document of about 3 KB to summarize.
-DOCUMENT = sample_documents()[0][1]
-JOB: dict[str, Any] = {"kind": "summarize", "input": DOCUMENT, "max_tokens": 256, "ttl_s": 3600}
-
-
-def bench_modules() -> tuple[Any, Any, Any]:
-    """celery, redis and aiohttp, or an exit that says what to install."""
-    try:
-        return tuple(importlib.import_module(m) for m in ("celery", "redis", "aiohttp"))  # type: ignore[return-value]
-    except ImportError as exc:
-        sys.exit(f"the ingress benchmark needs the bench extra ({exc.name} is missing): {INSTALL}")
-
-
-@dataclass
-class Run:
-    """One scenario's answers: latencies (s) of the accepted ones, statuses, elapsed time."""
-
-    jobs_per_request: int
-    latencies: list[float] = field(default_factory=list)
-    statuses: Counter[int] = field(default_factory=Counter)
-    elapsed_s: float = 0.0
-    cpu_s: float = 0.0  # CPU time of the side that accepts (see the setup's line)
-    client_cpu_s: float | None = None  # of the load generator (aiohttp), for Sluicegate
-    groups: tuple[float, float] | None = None  # single submits: (jobs, statements) written
-
-    def figures(self) -> dict[str, Any]:
-        accepted = len(self.latencies)
-        if not accepted:
-            return {"jobs_per_s": 0.0, "statuses": {str(k): v for k, v in self.statuses.items()}}
-        return {
-            "requests_accepted": accepted,
-            "jobs_accepted": accepted * self.jobs_per_request,
-            "jobs_per_s": round(accepted * self.jobs_per_request / self.elapsed_s, 1),
-            "requests_per_s": round(accepted / self.elapsed_s, 1),
-            "p50_ms": round(percentile(self.latencies, 0.5) * 1000, 2),
-            "p99_ms": round(percentile(self.latencies, 0.99) * 1000, 2),
-            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
-            "seconds": round(self.elapsed_s, 2),
-            "cpu_ms_per_job": round(self.cpu_s * 1000 / (accepted * self.jobs_per_request), 3),
-            **(
-                {}
-                if not self.groups or not self.groups[1]
-                else {"mean_group_size": round(self.groups[0] / self.groups[1], 1)}
-            ),
-            **(
-                {}
-                if self.client_cpu_s is None
-                else {
-                    "client_cpu_ms_per_job": round(
-                        self.client_cpu_s * 1000 / (accepted * self.jobs_per_request), 3
-                    )
-                }
-            ),
-        }
 
 
 def env_of(settings: Settings) -> dict[str, str]:
@@ -101,24 +43,6 @@ def env_of(settings: Settings) -> dict[str, str]:
             text = str(value)
         env[f"SLUICEGATE_{name.upper()}"] = text
     return env
-
-
-@dataclass(frozen=True)
-class Served:
-    url: str
-    api_pid: int
-
-    def api_cpu_s(self) -> float:
-        """User + system CPU seconds of the API process and its children (Linux /proc)."""
-        tick, total = os.sysconf("SC_CLK_TCK"), 0.0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if self.api_pid in (int(stat.parent.name), int(fields[1])):
-                total += (int(fields[11]) + int(fields[12])) / tick
-        return total
 
 
 @asynccontextmanager
@@ -273,7 +197,6 @@ async def sluicegate_runs(load: SubmitLoad) -> dict[str, Any]:
     client and from wrk, then batches, through ``sluicegate api`` and ``sluicegate relay``
     as processes; the figures of each. Each further ``api_processes`` count runs the
     loaded single submits again (the project's client and wrk) on a new API."""
-    from benchmarks.lib.ingress_clients import drive_client, drive_wrk, wrk_found
 
     overrides: dict[str, Any] = {"lag_soft": OUT_OF_REACH, "lag_hard": OUT_OF_REACH}
     figures: dict[str, Any] = {}

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.lib.ingress import JOB, Run, bench_modules
+from benchmarks.lib.ingress_runs import JOB, Run, bench_modules
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib.ingress import JOB, Run, Served
+from benchmarks.lib.ingress_runs import JOB, Run, Served
 from client.api import AsyncClient
 from schemas.jobs import JobKind
 

@@ -19,7 +19,8 @@ from typing import Any
 from benchmarks.lib import relay
 from benchmarks.lib.costs.measure import measure
 from benchmarks.lib.costs.options import Options
-from benchmarks.lib.ingress import SubmitLoad, bench_modules, sluicegate_runs
+from benchmarks.lib.ingress import SubmitLoad, sluicegate_runs
+from benchmarks.lib.ingress_runs import bench_modules
 from benchmarks.lib.reports import OUT_DIR, columns, percentile, write_report
 from benchmarks.lib.stack import make_broker, pipeline, services
 

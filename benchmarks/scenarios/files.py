@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.lib.ingress import Served, served
+from benchmarks.lib.ingress import served
+from benchmarks.lib.ingress_runs import Served
 from benchmarks.lib.reports import OUT_DIR, write_report
 from benchmarks.lib.sampling import PeakRss
 from benchmarks.lib.stack import bench_settings, services

@@ -5,7 +5,7 @@ explicit leave, the consumer protocol of KIP-848), with the same arrivals.
 What it measures and how, and why it is simulated so: docs/benchmarks.md#fleet. Not part
 of ``python -m benchmarks`` (it runs only with ``--only fleet``).
 
-    python -m benchmarks.fleet [--workers 64] [--configs eager consumer] [--quick]
+    python -m benchmarks.scenarios.fleet [--workers 64] [--configs eager consumer] [--quick]
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib.ingress import DOCUMENT, SubmitLoad, bench_modules, sluicegate_runs
+from benchmarks.lib.ingress import SubmitLoad, sluicegate_runs
 from benchmarks.lib.ingress_baselines import celery_rabbitmq, celery_redis
+from benchmarks.lib.ingress_runs import DOCUMENT, bench_modules
 from benchmarks.lib.reports import OUT_DIR, write_report
 
 OUT = OUT_DIR / "ingress.json"

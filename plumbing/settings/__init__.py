@@ -4,8 +4,10 @@ in groups by role, one class each; docs/settings.md lists them (tools/settingsdo
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar, cast
+from functools import cached_property
+from typing import Annotated, Any, Self, TypeVar, cast
 
 from pydantic import TypeAdapter, ValidationError, model_validator
 
@@ -92,43 +94,43 @@ class Settings(
             raise ValueError(f"worker_model {self.worker_model!r} is not one of the pools: {pools}")
         return self
 
-    @property
+    @cached_property
     def services(self) -> CommonSettings:
         return _group(self, CommonSettings)
 
-    @property
+    @cached_property
     def local(self) -> LocalStackSettings:
         return _group(self, LocalStackSettings)
 
-    @property
+    @cached_property
     def kafka(self) -> KafkaSettings:
         return _group(self, KafkaSettings)
 
-    @property
+    @cached_property
     def pool(self) -> PoolSettings:
         return _group(self, PoolSettings)
 
-    @property
+    @cached_property
     def api(self) -> ApiSettings:
         return _group(self, ApiSettings)
 
-    @property
+    @cached_property
     def admission(self) -> AdmissionSettings:
         return _group(self, AdmissionSettings)
 
-    @property
+    @cached_property
     def relay(self) -> RelaySettings:
         return _group(self, RelaySettings)
 
-    @property
+    @cached_property
     def retention(self) -> RetentionSettings:
         return _group(self, RetentionSettings)
 
-    @property
+    @cached_property
     def worker(self) -> WorkerSettings:
         return _group(self, WorkerSettings)
 
-    @property
+    @cached_property
     def engines(self) -> Engines:
         return Engines(
             sim=_group(self, SimSettings),
@@ -136,13 +138,21 @@ class Settings(
             llamacpp=_group(self, LlamacppSettings),
         )
 
-    @property
+    @cached_property
     def webhooks(self) -> WebhookSettings:
         return _group(self, WebhookSettings)
 
-    @property
+    @cached_property
     def documents(self) -> DocumentSettings:
         return _group(self, DocumentSettings)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy; with ``update``, its groups are made again from its own values (the ones
+        made of this object's, kept in its ``__dict__``, are not copied)."""
+        copied = super().model_copy(update=update, deep=deep)
+        for name in _GROUP_PROPERTIES:
+            copied.__dict__.pop(name, None)
+        return copied
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,10 +176,15 @@ _NOT_PER_POOL = {
 
 G = TypeVar("G", bound=SettingsGroup)
 
+# Settings' groups: each made once, on first use (``functools.cached_property``).
+_GROUP_PROPERTIES = tuple(
+    name for name, value in vars(Settings).items() if isinstance(value, cached_property)
+)
+
 
 def _group(settings: Settings, group: type[G]) -> G:
     """``settings``' values of one group, as that group (validated already: not again, and
-    not read from the environment again)."""
+    not read from the environment again). Settings is frozen: made once, it stays true."""
     values = {name: getattr(settings, name) for name in group.model_fields}
     return cast(G, group.model_construct(**values))
 

@@ -139,7 +139,7 @@ class ApiSettings(SettingsGroup):
     api_fast_submit: bool = Field(
         default=True,
         description="Answer a plain `POST /v1/jobs` (no `?wait=`, a JSON body the model "
-        "takes) in a layer in front of FastAPI's router, with the route's own code but "
+        "takes) in a route ahead of FastAPI's own, with the route's own code but "
         "without FastAPI's per-request dependency solving (`producers/api/fast_submit.py`); "
         "its answers are the route's, byte for byte. false: every submit through FastAPI.",
     )

@@ -37,7 +37,6 @@ def create_app(
     lifespan = Lifespan(settings=settings, engine=engine, lag_source=lag_source)
     app = FastAPI(title="Sluicegate", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
-    app.state.api_settings = settings.api  # made once: Settings.api makes one at each call
     app.state.documents = documents.Extractor.of(settings)
     app.add_middleware(
         BodyLimit,

@@ -2,11 +2,17 @@
 
 Why: the single submit is the busiest route, and FastAPI spent about 40 % of the API's CPU
 on it solving the route's dependencies and validating its parameters (a model built per
-parameter, the query string parsed: docs/performance.md). This layer sits in front of the
-app's router, inside the middleware (the body limits, the error handlers), and answers a
-plain submit itself: the body parsed and validated by the route's own body field, the caller
-found by the same ``current_caller``, the job made, admitted and stored by the route's own
+parameter, the query string parsed: docs/performance.md). This layer sits in the app's
+router, inside the middleware (the body limits, the error handlers), and answers a plain
+submit itself: the body parsed and validated as the route validates it, the caller found by
+the same ``current_caller``, the job made, admitted and stored by the route's own
 code (``jobs.submitted``), whose answer it sends.
+
+The layer is a Starlette route (the public ``BaseRoute``) put first among the app's routes:
+every ``POST /v1/jobs`` is matched to it before the FastAPI route, and one it hands over goes
+back to the router, which then passes the layer by and routes it as before. The body is
+validated by the route's own model (``SubmitJob``) as FastAPI validates a body parameter
+(``from_attributes``). Only public FastAPI, Starlette and pydantic API is used.
 
 The parity rule: every answer is the one the FastAPI route gives, byte for byte. So the fast
 path takes only a request it is sure of: no query string (``?wait=``), one JSON content type
@@ -18,7 +24,7 @@ unchanged, the body it read replayed, and the FastAPI route answers it as before
 is found once the body is valid, where FastAPI finds it first: a bad key with a bad body is
 the route's to answer, a bad key with a valid body is the same 401 either way. What the
 route's code raises (401, 409, 429, 503...) goes to the same error handlers, which sit
-outside the router. ``api_fast_submit = false`` turns the layer off;
+outside the router. ``api_fast_submit = false`` leaves the layer out;
 tests/integration/test_fast_submit.py holds the two to the rule.
 """
 
@@ -28,7 +34,9 @@ import json
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from starlette.routing import Match
+from pydantic import ValidationError
+from starlette.datastructures import URLPath
+from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producers.api import jobs
@@ -46,33 +54,45 @@ _AUTHORIZATION = b"authorization"
 _TENANT = constants.HEADER_TENANT.lower().encode()
 _IDEMPOTENCY_KEY = constants.HEADER_IDEMPOTENCY_KEY.lower().encode()
 _READ = frozenset({_CONTENT_TYPE, _AUTHORIZATION, _TENANT, _IDEMPOTENCY_KEY})
+# What ``matches`` leaves in the scope for ``handle``, the scope the FastAPI route adds;
+# and the mark of a request handed back to the router.
+_ROUTE = "sluicegate.fast_submit.route"
+_HANDED = "sluicegate.fast_submit.handed"
 MAX_KEY = 255  # the route's max_length of the Idempotency-Key header
 
 
-class FastSubmit:
-    """In front of ``app``, the router: a plain ``POST /v1/jobs`` answered here, every other
-    request (and a submit this is not sure of) passed to ``app``."""
+class FastSubmit(BaseRoute):
+    """The first of the app's routes: a plain ``POST /v1/jobs`` answered here, one this is
+    not sure of handed back to the router, which then passes this route by and routes it
+    as it routes every other request."""
 
-    def __init__(self, app: ASGIApp, route: APIRoute) -> None:
-        self.app = app
+    def __init__(self, route: APIRoute) -> None:
         self.route = route
-        if route.body_field is None:
-            raise ValueError(f"{route.path} has no body")
-        self.body_field = route.body_field
+        self.handed: ASGIApp = self._hand_over  # where a request this hands over goes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self._route(scope)
-        headers = None if route is None else _headers(scope)
-        if route is None or headers is None:
-            await self.app(scope, receive, send)
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        """FULL for a ``POST /v1/jobs`` (not one handed back), with the scope the FastAPI
+        route adds kept aside for ``handle``; NONE for any other request."""
+        if scope["type"] != "http" or scope["method"] != "POST" or _HANDED in scope:
+            return Match.NONE, {}
+        match, child = self.route.matches(scope)
+        return (Match.FULL, {_ROUTE: child}) if match is Match.FULL else (Match.NONE, {})
+
+    def url_path_for(self, name: str, /, **path_params: object) -> URLPath:
+        raise NoMatchFound(name, path_params)  # the FastAPI route has the name
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = _headers(scope) if _takes(scope) else None
+        if headers is None:
+            await self.handed(scope, receive, send)
             return
         messages: list[Message] = []
         body = await _body(receive, messages)
-        submit = None if body is None else self._valid(body)
+        submit = None if body is None else _valid(body)
         if submit is None:
-            await self.app(scope, _replay(messages, receive), send)
+            await self.handed(scope, _replay(messages, receive), send)
             return
-        scope.update(route)  # the route and its endpoint, as the router sets them
+        scope.update(scope[_ROUTE])  # the route and its endpoint, as the router sets them
         state = scope["app"].state
         caller = await current_caller(
             state.settings,
@@ -84,33 +104,34 @@ class FastSubmit:
         response = await jobs.submitted(state, submit, caller.tenant, key, None, receive)
         await response(scope, receive, send)
 
-    def _route(self, scope: Scope) -> Scope | None:
-        """What the route adds to the scope of a ``POST /v1/jobs`` the fast path may take;
-        None for another request, one with a query string, and any while FastAPI's
-        telemetry (its spans) or a test's dependency overrides are on."""
-        if (
-            scope["type"] != "http"
-            or scope["method"] != "POST"
-            or scope["query_string"]
-            or "fastapi.telemetry" in scope
-            or scope["app"].dependency_overrides
-        ):
-            return None
-        match, child = self.route.matches(scope)
-        return child if match is Match.FULL else None
+    async def _hand_over(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The router again, which this route then lets pass: FastAPI's own route answers."""
+        scope[_HANDED] = True
+        await scope["router"](scope, receive, send)
 
-    def _valid(self, body: bytes) -> SubmitJob | None:
-        """The body as the route validates it; None where FastAPI should say why not."""
-        if not body:
-            return None
-        try:
-            data = json.loads(body)  # as Starlette's Request.json
-        except Exception:  # FastAPI words each failure itself
-            return None
-        if type(data) is not dict:
-            return None
-        value, errors = self.body_field.validate(data, {}, loc=("body",))
-        return value if not errors and isinstance(value, SubmitJob) else None
+
+def _takes(scope: Scope) -> bool:
+    """Whether the fast path may take the submit: not with a query string, nor while
+    FastAPI's telemetry (its spans) or a test's dependency overrides are on."""
+    return not (
+        scope["query_string"] or "fastapi.telemetry" in scope or scope["app"].dependency_overrides
+    )
+
+
+def _valid(body: bytes) -> SubmitJob | None:
+    """The body as the route validates it; None where FastAPI should say why not."""
+    if not body:
+        return None
+    try:
+        data = json.loads(body)  # as Starlette's Request.json
+    except Exception:  # FastAPI words each failure itself
+        return None
+    if type(data) is not dict:
+        return None
+    try:  # as FastAPI validates a body parameter
+        return SubmitJob.model_validate(data, from_attributes=True)
+    except ValidationError:
+        return None
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes] | None:
@@ -171,5 +192,5 @@ def submit_route() -> APIRoute:
 
 
 def install(app: FastAPI) -> None:
-    """Put the fast path in front of ``app``'s router (inside its middleware)."""
-    app.router.middleware_stack = FastSubmit(app.router.middleware_stack, submit_route())
+    """Put the fast path first among ``app``'s routes (inside its middleware)."""
+    app.router.routes.insert(0, FastSubmit(submit_route()))

@@ -167,7 +167,7 @@ async def submitted(
     dependencies: FastAPI's dependency solving was much of the busiest route's CPU
     (docs/performance.md)."""
     settings: Settings = state.settings
-    api: ApiSettings = state.api_settings
+    api: ApiSettings = state.settings.api
     pools: PoolRouter = state.pools
     groups: GroupCommit = state.group_commit
     wait = wait_limit(wait, settings.max_wait_s)  # refused before anything is stored

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from plumbing.kafka import GroupReader, cluster_id
+from plumbing.kafka import ClusterIdReader, GroupReader
 from plumbing.settings.kafka import KafkaSettings
 from producers.outbox.rule import LogView
 
@@ -16,16 +16,16 @@ class LogReader:
     worker group's commit points through the admin API (``GroupReader``)."""
 
     def __init__(self, bootstrap: str, kafka: KafkaSettings) -> None:
-        self._bootstrap = bootstrap
         self._kafka = kafka
         self._reader = GroupReader(bootstrap, kafka.consumer_group)
+        self._cluster_ids = ClusterIdReader(bootstrap)
 
     async def read(self) -> LogView:
         s = self._kafka
         consumer = await self._reader.consumer()
         parts = [TopicPartition(s.dispatch_topic, p) for p in range(s.partitions)]
         try:
-            found = await cluster_id(self._bootstrap)
+            found = await self._cluster_ids.read()
             first = await consumer.beginning_offsets(parts)
             end = await consumer.end_offsets(parts)
             committed = await self._reader.committed(s.dispatch_topic, s.partitions)
@@ -42,3 +42,4 @@ class LogReader:
 
     async def close(self) -> None:
         await self._reader.close()
+        await self._cluster_ids.close()

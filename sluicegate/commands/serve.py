@@ -14,7 +14,7 @@ from sluicegate.process import configure_logging, run_until_signal
 from workers.engines.errors import EngineError
 from workers.engines.llamacpp import server as llamacpp_server
 from workers.engines.sim import server as sim_server
-from workers.group.kip848 import ProtocolUnsupported
+from workers.group.threaded_consumer import ProtocolUnsupported
 from workers.service import build_sim_engine, run_worker
 from workers.webhooks.process import run_webhooks
 

@@ -34,7 +34,7 @@ from workers.engines.base import Finished, Generation, GenerationRequest
 from workers.engines.sim.engine import SimEngine
 from workers.gate import Candidate, Drop
 from workers.repository import WorkerRepository
-from workers.service import run_worker
+from workers.service import run_worker, working
 
 # About 40 ms per decode step (a NOTIFY takes about a millisecond), and 1.6 s to prefill
 # LONG_DOC.
@@ -59,7 +59,10 @@ def start_worker(pipeline: Pipeline, spy: SpyEngine) -> list[Worker]:
     workers: list[Worker] = []
 
     async def role(settings: Settings, stop: asyncio.Event) -> None:
-        await run_worker(settings, stop, engine=spy, on_worker=workers.append)
+        async with working(settings, stop, engine=spy) as worker:
+            if worker is not None:
+                workers.append(worker)
+                await worker.run(stop)
 
     pipeline.start(role)
     return workers

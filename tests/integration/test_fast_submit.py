@@ -221,13 +221,13 @@ class Lag:
 
 def counting(fast: FastSubmit, seen: list[str]) -> None:
     """Count what the fast path hands over to the router."""
-    router = fast.app
+    router = fast.handed
 
     async def handed(scope: Scope, receive: Receive, send: Send) -> None:
         seen.append(scope["path"])
         await router(scope, receive, send)
 
-    fast.app = handed
+    fast.handed = handed
 
 
 @contextlib.asynccontextmanager
@@ -238,8 +238,8 @@ async def apps(settings: Settings, db: AsyncEngine, lag: int | None = 0) -> Asyn
     plain_app = create_app(
         on.model_copy(update={"api_fast_submit": False}), engine=db, lag_source=Lag(lag)
     )
-    assert isinstance(fast_app.router.middleware_stack, FastSubmit)
-    assert not isinstance(plain_app.router.middleware_stack, FastSubmit)
+    assert isinstance(fast_app.router.routes[0], FastSubmit)
+    assert not any(isinstance(r, FastSubmit) for r in plain_app.router.routes)
     key = await KeyStore(db).create("acme")
     async with (
         fast_app.router.lifespan_context(fast_app),
@@ -252,7 +252,9 @@ async def apps(settings: Settings, db: AsyncEngine, lag: int | None = 0) -> Asyn
         ) as plain,
     ):
         found = Apps(fast=fast, plain=plain, key=key)
-        counting(fast_app.router.middleware_stack, found.handed_over)
+        fast_route = fast_app.router.routes[0]
+        assert isinstance(fast_route, FastSubmit)
+        counting(fast_route, found.handed_over)
         yield found
 
 

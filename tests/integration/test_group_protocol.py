@@ -21,7 +21,7 @@ from schemas.tables import outbox
 from tests.faults.processes import roles
 from tests.integration.pipeline import Pipeline, open_pipeline
 from workers.consumer import Worker
-from workers.service import run_worker
+from workers.service import working
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,10 +30,10 @@ pytestmark = pytest.mark.timeout(120)
 async def pipeline(settings: Settings, kafka_is_tansu: bool) -> AsyncIterator[Pipeline]:
     if kafka_is_tansu:
         pytest.skip("the consumer protocol is Apache Kafka's (Tansu speaks the classic one)")
-    kip848 = settings.model_copy(
+    on_consumer_protocol = settings.model_copy(
         update={"worker_group_protocol": "consumer", "sim_time_scale": 0.5}
     )
-    async for p in open_pipeline(kip848):
+    async for p in open_pipeline(on_consumer_protocol):
         yield p
 
 
@@ -44,13 +44,14 @@ class Watched:
         self.stop = asyncio.Event()
         self.worker: Worker | None = None
         self.seen: list[frozenset[int]] = []
-        self.task = asyncio.ensure_future(
-            run_worker(pipeline.settings, self.stop, on_worker=self._started)
-        )
+        self.task = asyncio.ensure_future(self._run(pipeline.settings))
         self._sampling = asyncio.ensure_future(self._sample())
 
-    def _started(self, worker: Worker) -> None:
-        self.worker = worker
+    async def _run(self, settings: Settings) -> None:
+        async with working(settings, self.stop) as worker:
+            if worker is not None:
+                self.worker = worker
+                await worker.run(self.stop)
 
     def holds(self) -> frozenset[int]:
         if self.worker is None:

@@ -23,7 +23,7 @@ from tests.integration.pipeline import Pipeline, open_pipeline
 from workers.consumer import Worker
 from workers.engines.sim.engine import SimEngine
 from workers.gate import JobProgress
-from workers.service import run_worker
+from workers.service import run_worker, working
 
 # A need of ceil((68 estimated prompt tokens + 256 max_tokens) / 16) = 21 blocks per job:
 # 64 blocks less a 1-block watermark hold three jobs at once.
@@ -89,7 +89,10 @@ async def test_worker_pulls_only_what_the_kv_cache_holds(pipeline: Pipeline) -> 
     engine = SimEngine(num_blocks=BLOCKS, time_scale=1.0)
 
     async def worker(settings: Settings, stop: asyncio.Event) -> None:
-        await run_worker(settings, stop, engine=engine, on_worker=lambda w: probes.append(Probe(w)))
+        async with working(settings, stop, engine=engine) as w:
+            if w is not None:
+                probes.append(Probe(w))
+                await w.run(stop)
 
     pipeline.start(run_relay)
     pipeline.start(worker)

@@ -133,13 +133,14 @@ async def test_a_job_that_stopped_decoding_gives_its_room_back_before_its_end_is
     """The engine let go of the job: the next record may be claimed (and carry the job's
     end in its transaction) while the end waits; a job decoded again is reserved again."""
     gate = PullGate(engine, max_running=1, watermark=0.0)
-    woken: list[str] = []
-    gate.on_release = lambda: woken.append("room")
     progress = gate.started(envelope("a", prompt_tokens=1, max_tokens=1))
     assert not gate.admits(envelope("b", prompt_tokens=1, max_tokens=1))
+    assert not gate.room_changed.is_set()
     progress.ended()
+    assert gate.room_changed.is_set()
+    gate.room_changed.clear()
     progress.ended()  # once
-    assert woken == ["room"]
+    assert not gate.room_changed.is_set()
     assert gate.admits(envelope("b", prompt_tokens=1, max_tokens=1))
     progress.prompt_counted(1)  # claimed back and decoding again
     assert not gate.admits(envelope("b", prompt_tokens=1, max_tokens=1))

@@ -71,6 +71,7 @@ class FakeConsumer:
 class FakeGate:
     def __init__(self) -> None:
         self.in_flight: set[str] = set()
+        self.room_changed = asyncio.Event()
 
     def room(self) -> bool:
         return len(self.in_flight) < 4
@@ -124,10 +125,17 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """The broker's cluster id, as the worker reads it."""
     current = {"id": "old"}
 
-    async def cluster_id(bootstrap: str) -> str:
-        return current["id"]
+    class ClusterIdReader:
+        def __init__(self, bootstrap: str) -> None:
+            pass
 
-    monkeypatch.setattr(consumer_module, "cluster_id", cluster_id)
+        async def read(self) -> str:
+            return current["id"]
+
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(consumer_module, "ClusterIdReader", ClusterIdReader)
     return current
 
 

@@ -5,11 +5,12 @@ at once if the worker is waiting for room. Both are counted for the rebalance pa
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiokafka import TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 
+from workers.group.seams import GroupConsumer
 from workers.metrics import GENERATION, PARTITIONS, REVOKED
 
 log = logging.getLogger("workers.consumer")
@@ -17,7 +18,7 @@ log = logging.getLogger("workers.consumer")
 
 class Member(Protocol):
     @property
-    def consumer(self) -> Any: ...
+    def consumer(self) -> GroupConsumer: ...
 
     async def finish_partitions(
         self, partitions: set[TopicPartition], deadline: float | None = None

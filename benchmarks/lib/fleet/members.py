@@ -23,8 +23,8 @@ from benchmarks.lib.stack import Bench
 from workers.consumer import Worker
 from workers.engines.base import Finished, Generation, GenerationRequest
 from workers.engines.sim.engine import SimEngine
-from workers.group.kip848 import GroupConsumer
-from workers.service import run_worker
+from workers.group.threaded_consumer import ThreadedConsumer
+from workers.service import working
 
 
 class Timed(Counting):
@@ -106,13 +106,13 @@ class Fleet:
         member = Member(index, engine, asyncio.Event(), instance_id)
         settings = self.bench.settings.model_copy(update={"worker_group_instance_id": instance_id})
 
-        def seen(worker: Worker) -> None:
-            member.worker = worker
+        async def run() -> None:
+            async with working(settings, member.stop, engine=engine) as worker:
+                if worker is not None:
+                    member.worker = worker
+                    await worker.run(member.stop)
 
-        member.task = asyncio.create_task(
-            run_worker(settings, member.stop, engine=engine, on_worker=seen),
-            name=f"worker-{member.index}",
-        )
+        member.task = asyncio.create_task(run(), name=f"worker-{member.index}")
         self.members.append(member)
         return member
 
@@ -132,7 +132,7 @@ class Fleet:
         for m in self.movable():
             assert m.worker is not None
             if (
-                isinstance(m.worker.consumer, GroupConsumer)
+                isinstance(m.worker.consumer, ThreadedConsumer)
                 and m.worker.consumer.member_id == first
             ):
                 return m
@@ -168,12 +168,11 @@ class Fleet:
         self._depart(member, "kill")
         worker = member.worker
         if worker is not None:
-            if isinstance(worker.consumer, GroupConsumer):
+            if isinstance(worker.consumer, ThreadedConsumer):
                 consumer = worker.consumer
                 self.draining.append(
                     asyncio.ensure_future(consumer.call(destroy_without_leaving, nested=False))
                 )
-                consumer.abandoned()
             else:
                 self._silence(worker)
 

@@ -1,11 +1,13 @@
 """The worker's consumer on Kafka's consumer group protocol (KIP-848), through
-confluent-kafka (librdkafka): the broker computes the assignment, and a member joining or
-leaving revokes only the partitions that move, while the others go on consuming.
+confluent-kafka (librdkafka), served by a thread of its own: the broker computes the
+assignment, and a member joining or leaving revokes only the partitions that move, while the
+others go on consuming.
 
-It offers the worker the calls it makes of aiokafka's consumer (subscribe with a
-rebalance listener, ``getmany``, ``pause``/``resume``, ``seek``, ``commit``,
-``assignment``, ``start``/``stop``), so the KV-gated pull, the manual commits and the drain
-of revoked partitions are the same code on either protocol.
+It offers the worker the calls it makes of aiokafka's consumer (``GroupConsumer`` of
+``workers.group.seams``: subscribe with a rebalance listener, ``getmany``,
+``pause``/``resume``, ``seek``, ``commit``, ``assignment``, ``start``/``stop``), so the
+KV-gated pull, the manual commits and the drain of revoked partitions are the same code on
+either protocol.
 
 librdkafka's consumer admits one call at a time, and its rebalance callbacks run inside
 ``poll``. So one thread owns it: the event loop queues calls to that thread, which polls
@@ -32,6 +34,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as Partition
 
 from plumbing.kafka import broker_api_keys
+from workers.group.seams import RebalanceListener
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +104,7 @@ def consumer_config(
     return config
 
 
-class GroupConsumer:
+class ThreadedConsumer:
     """A worker's member of its group under ``group.protocol=consumer``."""
 
     def __init__(self, config: dict[str, Any]) -> None:
@@ -110,7 +113,7 @@ class GroupConsumer:
         self._ready = threading.Condition()
         self._thread = threading.Thread(target=self._serve, name="kafka-consumer", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._listener: Any = None
+        self._listener: RebalanceListener | None = None
         self._topics: list[str] = []
         self._assigned: frozenset[TopicPartition] = frozenset()
         self._consumer: Consumer | None = None
@@ -125,7 +128,7 @@ class GroupConsumer:
         self._thread.start()
         await self.call(lambda consumer: None)  # made, in its thread
 
-    def subscribe(self, topics: list[str], listener: Any) -> None:
+    def subscribe(self, topics: list[str], listener: RebalanceListener) -> None:
         self._listener = listener
         self._topics = topics
         self._post(self._subscribe)
@@ -165,7 +168,7 @@ class GroupConsumer:
         if not self._closed:
             try:
                 await self.call(self._close, nested=False)
-            except KafkaException as exc:
+            except (KafkaException, RuntimeError) as exc:  # RuntimeError: its handle is gone
                 log.warning("closing the consumer: %r", exc)
         await self.call(_END, nested=False)
         await asyncio.to_thread(self._thread.join)
@@ -175,11 +178,6 @@ class GroupConsumer:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._queue(_Call(fn, future, nested))
         return await asyncio.wrap_future(future)
-
-    def abandoned(self) -> None:
-        """Its consumer was destroyed without leaving (the fleet benchmark's kill)."""
-        self._closed = True
-        self._assigned = frozenset()
 
     def _post(self, fn: Callable[[Consumer], Any]) -> None:
         """Queue ``fn`` without waiting; an error is logged."""
