@@ -47,7 +47,7 @@ SLOW_FOR_S = 10.0  # for this long
 
 
 @dataclass(eq=False)
-class _Waiting:
+class _JoinedWrite:
     write: Write[Any]
     undo: Callable[[], None] | None
     locks: Sequence[str]
@@ -65,7 +65,7 @@ class Unit:
     are settled once it ended (``settling``)."""
 
     work: UnitOfWork
-    writes: list[_Waiting] = field(default_factory=list)
+    writes: list[_JoinedWrite] = field(default_factory=list)
     conn: AsyncConnection | None = None
     carried: bool = False  # it ran joined writes or took published records
     _results: list[Any] = field(default_factory=list)
@@ -136,7 +136,7 @@ class UnitOfWork:
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.linger_s = linger_s
         self._lock = lock
-        self._waiting: list[_Waiting] = []
+        self._waiting: list[_JoinedWrite] = []
         self._published: list[Published] = []
         self.published_since: float | None = None  # when the oldest record waiting came
         self.published_added = asyncio.Event()
@@ -191,7 +191,7 @@ class UnitOfWork:
     ) -> T:
         """``write``'s result once a transaction that ran it committed; alone (see
         ``alone``) when none took it within ``linger_s``."""
-        waiting = _Waiting(write, undo, locks, asyncio.get_running_loop().create_future())
+        waiting = _JoinedWrite(write, undo, locks, asyncio.get_running_loop().create_future())
         if self.linger_s <= 0 or time.monotonic() < self.slow_until.get(waiting.kind, 0.0):
             return await self.alone(write, in_transaction=in_transaction)
         self._waiting.append(waiting)

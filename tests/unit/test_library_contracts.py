@@ -4,7 +4,12 @@ version: a test here fails loudly when such an internal moves, before anything e
 aiokafka (pinned below its next minor in pyproject.toml): it has no public way to give up
 on an idempotent producer's records (its ``stop()`` waits for every one, with no timeout,
 and the producer never expires them), so ``plumbing.kafka._abandon`` cancels the producer's
-sender task and fails what its accumulator holds.
+sender task and fails what its accumulator holds; and it has no public generation of a
+classic group, which ``workers.group.listener`` reads from the consumer's coordinator for
+``sluicegate_worker_group_generation``.
+
+``tests/layout/test_survey.py`` lets shipped code read another library's private attribute
+only when a test here reads it too.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import inspect
 from collections.abc import AsyncIterator
 
 import pytest
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import KafkaTimeoutError
 
 from plumbing.kafka import make_producer
@@ -42,3 +48,15 @@ async def test_the_accumulator_fails_every_record_it_holds(producer: AIOKafkaPro
     accumulator.fail_all(error)
     with pytest.raises(KafkaTimeoutError):
         await asyncio.wait_for(delivered, 1.0)
+
+
+async def test_a_started_consumer_keeps_its_group_coordinator_with_its_generation() -> None:
+    # Made by start(), which needs a broker: the source says where it is kept.
+    started = inspect.getsource(AIOKafkaConsumer.start)
+    assert "self._coordinator = " in started
+    assert "self.generation = " in inspect.getsource(GroupCoordinator.__init__)
+    consumer = AIOKafkaConsumer(bootstrap_servers="localhost:1")
+    try:
+        assert consumer._coordinator is None  # the attribute the listener reads, until start()
+    finally:
+        await consumer.stop()
