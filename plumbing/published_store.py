@@ -1,7 +1,7 @@
 """Recording outbox rows as published: where each row's record went.
 
 Whoever published a row records it: the relay in its round, and the API and a worker for
-the rows they publish at once (``plumbing.at_once``), in the next statement they write
+the rows they publish at once (``plumbing.publish_at_once``), in the next statement they write
 anyway (``plumbing.unit_of_work``). The recording is a chain of CTEs (``RECORDING``, to be
 added to such a statement with ``add_cte``; parameters from ``params``); on its own it is
 ``RECORD``. For each row not recorded yet it:

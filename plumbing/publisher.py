@@ -1,5 +1,5 @@
 """Publishing outbox rows to the broker, with the log they went to: the relay's rounds and
-the rows the API and workers publish at once (``plumbing.at_once``) go out through one.
+the rows the API and workers publish at once (``plumbing.publish_at_once``) go out through one.
 
 Records are published with the log they went to: the broker cluster's id, read when the
 producer connected and read again once a batch with dispatch records is acknowledged. A

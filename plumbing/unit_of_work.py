@@ -9,9 +9,9 @@ transaction took within ``linger_s`` runs alone, as it would have without the un
 given ``lock`` and other writes waiting, it runs them all in one transaction of its own,
 their rows locked first in one order (``plumbing.lock_store``).
 
-The records of the rows this process published at once (``plumbing.at_once``) wait here
+The records of the rows this process published at once (``plumbing.publish_at_once``) wait here
 too (``add_published``), for the next statement that can record them in passing
-(``Unit.take_published``); ``plumbing.at_once`` writes the ones that waited too long alone.
+(``Unit.take_published``); ``plumbing.publish_at_once`` writes the ones that waited too long alone.
 
 A transaction that fails takes its unit's writes with it: each write's ``undo`` runs, the
 published records wait again, and each write runs alone (so does one whose caller gave up).

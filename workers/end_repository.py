@@ -1,6 +1,6 @@
 """A job's end, written by the attempt that ran it: the terminal state and its event in one
 statement, which also records the events this worker published at once since its last
-statement (``plumbing.at_once``). The statement waits a little to join the worker's next
+statement (``plumbing.publish_at_once``). The statement waits a little to join the worker's next
 claim transaction (one commit for both, ``plumbing.unit_of_work``); when no claim came, it
 is its own transaction."""
 
@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import CTE, column, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from plumbing.at_once import AtOnce
+from plumbing.publish_at_once import AtOncePublisher
 from plumbing.published_store import RECORDING, OutboxRow
 from plumbing.published_store import params as recorded
 from plumbing.unit_of_work import Unit, UnitOfWork
@@ -57,7 +57,7 @@ class EndRepository:
         engine: AsyncEngine,
         *,
         events_topic: str,
-        at_once: AtOnce | None = None,
+        at_once: AtOncePublisher | None = None,
         work: UnitOfWork | None = None,
         graphs: GraphWriter | None = None,
     ) -> None:

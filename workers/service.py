@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 from aiokafka import AIOKafkaConsumer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from plumbing.at_once import AtOnce, at_once_of
 from plumbing.db import make_engine
 from plumbing.kafka import close_client, make_consumer
 from plumbing.metrics import label
 from plumbing.metrics import serve as serve_metrics
 from plumbing.pools import Pools
+from plumbing.publish_at_once import AtOncePublisher, at_once_publisher
 from plumbing.retry import Stopped, outage, retrying
 from plumbing.settings import Engines, Settings
 from plumbing.settings.engines import SimSettings
@@ -213,7 +213,7 @@ def ends_of(
     settings: Settings,
     db: AsyncEngine,
     repo: WorkerRepository,
-    at_once: AtOnce | None,
+    at_once: AtOncePublisher | None,
 ) -> EndRepository:
     """The worker's job ends: riding in its claims, published at once, and the steps its
     graphs' parts trigger written with them."""
@@ -266,7 +266,7 @@ async def working(
             database_url=settings.database_url,
             sweep_s=own.control_sweep_s,
         )
-        at_once = at_once_of(settings, repo.work, topics=events_topic(settings))
+        at_once = at_once_publisher(settings, repo.work, topics=events_topic(settings))
         control_stop = asyncio.Event()  # and at once's: after the drain's last ends
         controls = [asyncio.create_task(control.run(control_stop), name="control")]
         if at_once is not None:

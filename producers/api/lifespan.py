@@ -13,10 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.datastructures import State
 
 from plumbing.activity import Activity
-from plumbing.at_once import AtOnce, at_once_of
 from plumbing.db import make_engine
 from plumbing.notify import JobNotice, Listener
 from plumbing.pools import Pool, Pools
+from plumbing.publish_at_once import AtOncePublisher, at_once_publisher
 from plumbing.settings import Settings
 from plumbing.unit_of_work import UnitOfWork
 from producers.admission.controller import AdmissionController
@@ -59,7 +59,7 @@ class Services:
     lifecycle: Lifecycle
     waiters: Waiters
     reads: Reads
-    at_once: AtOnce | None = None  # publishes the submits' dispatch records at once
+    at_once: AtOncePublisher | None = None  # publishes the submits' dispatch records at once
     work: UnitOfWork  # the periodic reads joining the submits' transactions
 
     def publish(self, state: State) -> None:
@@ -115,7 +115,7 @@ def build(
         autocommit=work.engine,
         topic_of=pools.topic_of,
         work=work,
-        at_once=at_once_of(
+        at_once=at_once_publisher(
             settings, work, topics=pools.topic_partitions(), dispatch_topics=pools.topics()
         ),
     )

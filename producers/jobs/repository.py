@@ -13,9 +13,9 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
-from plumbing.at_once import AtOnce
 from plumbing.db import transaction
 from plumbing.lock_store import end_children
+from plumbing.publish_at_once import AtOncePublisher
 from plumbing.unit_of_work import UnitOfWork, joining
 from producers.jobs.submit_repository import SubmitRepository
 from producers.outbox.repository import of_pool
@@ -75,7 +75,7 @@ class JobRepository(SubmitRepository):
         autocommit: AsyncEngine | None = None,
         topic_of: Callable[[str | None], str] | None = None,
         work: UnitOfWork | None = None,
-        at_once: AtOnce | None = None,
+        at_once: AtOncePublisher | None = None,
     ) -> None:
         """``autocommit``, ``topic_of``, ``work``, ``at_once``: see ``SubmitRepository``."""
         super().__init__(

@@ -14,8 +14,8 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from plumbing.at_once import AtOnce
 from plumbing.db import transaction
+from plumbing.publish_at_once import AtOncePublisher
 from plumbing.published_store import RECORDING, OutboxRow
 from plumbing.published_store import params as recorded
 from plumbing.unit_of_work import Unit, UnitOfWork
@@ -167,7 +167,7 @@ class SubmitRepository:
         autocommit: AsyncEngine | None = None,
         topic_of: Callable[[str | None], str] | None = None,
         work: UnitOfWork | None = None,
-        at_once: AtOnce | None = None,
+        at_once: AtOncePublisher | None = None,
     ) -> None:
         """``autocommit``: an engine of autocommit connections for the submits (one
         statement each, its own transaction); by default, ``engine``'s connections, set to

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from plumbing.at_once import at_once_of
+from plumbing.publish_at_once import at_once_publisher
 from plumbing.published_store import OutboxRow
 from plumbing.settings import Settings
 from plumbing.unit_of_work import UnitOfWork
@@ -112,7 +112,7 @@ async def test_at_once_marks_the_last_row_of_a_burst_within_its_linger(
     s = settings.model_copy(
         update={"publish_mark_linger_s": 0.3, "publish_at_once_grace_s": 3600.0}
     )
-    at_once = at_once_of(s, UnitOfWork(db, linger_s=0.0), topics=events_topic(s))
+    at_once = at_once_publisher(s, UnitOfWork(db, linger_s=0.0), topics=events_topic(s))
     assert at_once is not None
     keys: list[str] = []
     async with running(at_once.run):

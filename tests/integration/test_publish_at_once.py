@@ -15,8 +15,8 @@ from aiokafka import AIOKafkaConsumer
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from plumbing.at_once import AtOnce, at_once_of
 from plumbing.metrics import registry
+from plumbing.publish_at_once import AtOncePublisher, at_once_publisher
 from plumbing.publisher import Publisher, Target
 from plumbing.settings import Settings
 from plumbing.unit_of_work import UnitOfWork
@@ -34,7 +34,7 @@ from workers.service import events_topic
 
 
 @asynccontextmanager
-async def running(at_once: AtOnce | None) -> AsyncIterator[AtOnce]:
+async def running(at_once: AtOncePublisher | None) -> AsyncIterator[AtOncePublisher]:
     assert at_once is not None
     stop = asyncio.Event()
     task = asyncio.create_task(at_once.run(stop))
@@ -87,7 +87,8 @@ async def test_submits_are_dispatched_and_marked_by_the_next_statement(
     tuned = settings.model_copy(update={"publish_mark_linger_s": 60.0})  # no flush alone
     topics = frozenset([tuned.dispatch_topic])
     work = UnitOfWork(db, linger_s=0.0)
-    at_once = at_once_of(tuned, work, topics=tuned.topic_partitions(), dispatch_topics=topics)
+    partitions = tuned.topic_partitions()
+    at_once = at_once_publisher(tuned, work, topics=partitions, dispatch_topics=topics)
     repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic, work=work, at_once=at_once)
     async with running(at_once):
         first, _ = await repo.submit(submitted("first"))
@@ -121,7 +122,7 @@ async def test_a_row_its_writer_left_is_the_relays_after_its_grace(
     tuned = settings.model_copy(update={"publish_at_once_grace_s": 2.0})
     work = UnitOfWork(db, linger_s=0.0)
     # Never run: what is offered is left to the relay (as with the broker down).
-    at_once = at_once_of(tuned, work, topics=tuned.topic_partitions())
+    at_once = at_once_publisher(tuned, work, topics=tuned.topic_partitions())
     repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic, work=work, at_once=at_once)
     stored, _ = await repo.submit(submitted("left"))
     store = OutboxStore(db, dispatch_topic=tuned.dispatch_topic)
@@ -167,7 +168,7 @@ async def test_a_workers_job_event_is_published_at_once_and_marked_alone(
     ends = EndRepository(
         db,
         events_topic=tuned.events_topic,
-        at_once=at_once_of(tuned, UnitOfWork(db, linger_s=0.0), topics=events_topic(tuned)),
+        at_once=at_once_publisher(tuned, UnitOfWork(db, linger_s=0.0), topics=events_topic(tuned)),
     )
     async with running(ends.at_once):
         assert await ends.finish(ran, JobState.SUCCEEDED, result={"text": "done"})
@@ -192,7 +193,7 @@ async def test_a_row_not_sent_at_once_is_left_to_the_relay(
         dispatch_topics=dispatch,
     )
     work = UnitOfWork(db, linger_s=0.0)
-    at_once = AtOnce(gone, work=work, linger_s=0.2, grace_s=2.0)
+    at_once = AtOncePublisher(gone, work=work, linger_s=0.2, grace_s=2.0)
     repo = SubmitRepository(db, dispatch_topic=tuned.dispatch_topic, work=work, at_once=at_once)
     before = left_to_relay()
     async with running(at_once):

@@ -38,7 +38,7 @@ CONFIRM_S = 0.5  # dispatch records' log read again at most this often
 WAITING = 10_000  # most rows waiting to be sent
 
 
-class AtOnce:
+class AtOncePublisher:
     def __init__(
         self, target: Target, *, work: UnitOfWork, linger_s: float, grace_s: float
     ) -> None:
@@ -156,14 +156,14 @@ async def _record_waiting(unit: Unit) -> None:
     await record(unit.connection, unit.take_published())
 
 
-def at_once_of(
+def at_once_publisher(
     settings: Settings,
     work: UnitOfWork,
     *,
     topics: dict[str, int],
     dispatch_topics: frozenset[str] = frozenset(),
-) -> AtOnce | None:
-    """A process's ``AtOnce`` for ``topics`` (None: ``publish_at_once`` is off, or there is
+) -> AtOncePublisher | None:
+    """A process's ``AtOncePublisher`` for ``topics`` (None: ``publish_at_once`` is off, or there is
     no broker to publish to); where the records went waits in ``work``."""
     if not settings.publish_at_once or not settings.kafka_bootstrap_servers:
         return None
@@ -176,7 +176,7 @@ def at_once_of(
         send_timeout_s=settings.relay_send_timeout_s,
         linger_ms=settings.publish_at_once_linger_ms,
     )
-    return AtOnce(
+    return AtOncePublisher(
         target,
         work=work,
         linger_s=settings.publish_mark_linger_s,
