@@ -26,6 +26,8 @@ from typing import Any
 from sqlalchemy import CTE, TextualSelect, column, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from plumbing.db import cte
+
 
 @dataclass(frozen=True, kw_only=True)
 class OutboxRow:
@@ -55,25 +57,21 @@ class Published:
     dispatch: bool = False
 
 
-def _cte(name: str, sql: str) -> CTE:
-    return text(sql).columns().cte(name)
-
-
 RECORDING: tuple[CTE, ...] = (
-    _cte(
+    cte(
         "m_acked",
         """SELECT * FROM unnest(
         CAST(:m_ids AS bigint[]), CAST(:m_keys AS text[]), CAST(:m_topics AS text[]),
         CAST(:m_partitions AS int[]), CAST(:m_offsets AS bigint[]), CAST(:m_logs AS text[])
     ) AS a(id, key, topic, part, "offset", log)""",
     ),
-    _cte(
+    cte(
         "m_marked",
         """UPDATE outbox SET published_at = now() FROM m_acked
     WHERE outbox.id = m_acked.id AND outbox.published_at IS NULL
     RETURNING outbox.id""",
     ),
-    _cte(
+    cte(
         "m_ends",
         """INSERT INTO partition_ends AS e (topic, partition, end_offset, log, updated_at)
     SELECT topic, part, max("offset") + 1, max(log), now() FROM m_acked
@@ -87,20 +85,20 @@ RECORDING: tuple[CTE, ...] = (
         updated_at = excluded.updated_at
     RETURNING 1""",
     ),
-    _cte(
+    cte(
         "m_newest",
         """SELECT DISTINCT ON (key) CAST(key AS uuid) AS job_id, topic, part, "offset", log
     FROM m_acked
     WHERE topic = ANY(CAST(:m_dispatch AS text[])) AND id IN (SELECT id FROM m_marked)
     ORDER BY key, id DESC""",
     ),
-    _cte(
+    cte(
         "m_locked",
         """SELECT jobs.id, m_newest.topic, m_newest.part, m_newest."offset", m_newest.log
     FROM jobs JOIN m_newest ON jobs.id = m_newest.job_id
     ORDER BY jobs.id FOR UPDATE OF jobs""",
     ).prefix_with("MATERIALIZED"),
-    _cte(
+    cte(
         "m_positioned",
         """UPDATE jobs SET
         state = CASE WHEN jobs.state = 'queued' THEN 'dispatched' ELSE jobs.state END,

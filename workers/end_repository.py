@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import CTE, column, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from plumbing.db import cte
 from plumbing.publish_at_once import AtOncePublisher
 from plumbing.published_store import RECORDING, OutboxRow
 from plumbing.published_store import params as recorded
@@ -23,13 +24,8 @@ from workers.graph.part_store import GraphChild, child_end
 from workers.graph.repository import GraphWriter
 from workers.repository import ClaimedJob
 
-
-def _cte(name: str, sql: str) -> CTE:
-    return text(sql).columns().cte(name)
-
-
 _ENDING: tuple[CTE, ...] = (
-    _cte(
+    cte(
         "written",
         """UPDATE jobs SET state = :state, result = CAST(:result AS jsonb),
                     error = CAST(:error AS jsonb), decoded_tokens = :decoded_tokens,
@@ -37,7 +33,7 @@ _ENDING: tuple[CTE, ...] = (
     WHERE id = CAST(:id AS uuid) AND state = 'running' AND attempt = :attempt
     RETURNING id""",
     ),
-    _cte(
+    cte(
         "announced",
         """INSERT INTO outbox (topic, key, payload, publish_after)
     SELECT :topic, :key, :payload, now() + CAST(:grace_s AS float8) * interval '1 second'

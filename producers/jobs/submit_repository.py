@@ -14,7 +14,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from plumbing.db import transaction
+from plumbing.db import cte, transaction
 from plumbing.publish_at_once import AtOncePublisher
 from plumbing.published_store import RECORDING, OutboxRow
 from plumbing.published_store import params as recorded
@@ -29,16 +29,12 @@ from schemas.tables import jobs
 Stored = tuple[Job, bool]
 
 
-def _cte(name: str, sql: str) -> CTE:
-    return text(sql).columns().cte(name)
-
-
 # Single submits, grouped: the jobs and their dispatch records in one statement. A job whose
 # (tenant, idempotency key) is taken already is skipped, and so is its record (the join);
 # its answer is read after. Keyed rows go in key order, so that two groups that share keys
 # take their locks in the same order (no deadlock); the records go in submission order.
 _GROUP: tuple[CTE, ...] = (
-    _cte(
+    cte(
         "given",
         """SELECT * FROM unnest(
         CAST(:ids AS uuid[]), CAST(:tenants AS text[]), CAST(:kinds AS text[]),
@@ -51,7 +47,7 @@ _GROUP: tuple[CTE, ...] = (
                            callback_url, idempotency_key, request_hash,
                            abandon_on_disconnect, abandon_after_s, params, payload, topic, n)""",
     ),
-    _cte(
+    cte(
         "new_jobs",
         """INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline,
                       callback_url, idempotency_key, request_hash, abandon_on_disconnect,
@@ -64,7 +60,7 @@ _GROUP: tuple[CTE, ...] = (
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, deadline, created_at, updated_at, last_seen_at, attempt""",
     ),
-    _cte(
+    cte(
         "new_outbox",
         """INSERT INTO outbox (topic, key, payload, publish_after)
     SELECT given.topic, CAST(given.id AS text), given.payload,
