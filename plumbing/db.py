@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from sqlalchemy import CTE, event, text
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -66,9 +66,3 @@ async def transaction(
         await conn.execution_options(isolation_level=isolation)
         async with conn.begin():
             yield conn
-
-
-def cte(name: str, sql: str) -> CTE:
-    """A whole, named SQL text as a CTE, to compose into a statement with ``add_cte`` (in
-    the order added; a later one may name an earlier one)."""
-    return text(sql).columns().cte(name)

@@ -26,7 +26,11 @@ from typing import Any
 from sqlalchemy import CTE, TextualSelect, column, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from plumbing.db import cte
+
+def cte(name: str, sql: str) -> CTE:
+    """A whole, named SQL text as a CTE, to compose into a statement with ``add_cte`` (in
+    the order added; a later one may name an earlier one)."""
+    return text(sql).columns().cte(name)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,9 +13,8 @@ from typing import Any
 from sqlalchemy import CTE, column, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from plumbing.db import cte
 from plumbing.publish_at_once import AtOncePublisher
-from plumbing.published_store import RECORDING, OutboxRow
+from plumbing.published_store import RECORDING, OutboxRow, cte
 from plumbing.published_store import params as recorded
 from plumbing.unit_of_work import Unit, UnitOfWork
 from schemas.envelopes import JobEvent

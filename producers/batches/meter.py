@@ -104,7 +104,7 @@ class Meter:
     async def step(self, now: datetime | None = None) -> MeterRound:
         lag = self._lag()
         expire = time.monotonic() - self._expired_at >= EXPIRE_EVERY_S
-        mark = self._estimate.mark()
+        tally = self._estimate.tally()
         done = await self._store.round(
             lambda backlog: (
                 0 if lag is None else room(backlog, lag=lag, soft=self._soft, fill=self._fill)
@@ -114,7 +114,7 @@ class Meter:
         )
         if done.backlog is not None:
             if self._counts_backlog:
-                self._estimate.record_count(done.backlog.jobs, mark)
+                self._estimate.record_count(done.backlog.jobs, tally)
             self._waiting = done.wanted == 0 or done.released == done.wanted
             if expire:
                 self._expired_at = time.monotonic()

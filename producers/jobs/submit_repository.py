@@ -14,9 +14,9 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from plumbing.db import cte, transaction
+from plumbing.db import transaction
 from plumbing.publish_at_once import AtOncePublisher
-from plumbing.published_store import RECORDING, OutboxRow
+from plumbing.published_store import RECORDING, OutboxRow, cte
 from plumbing.published_store import params as recorded
 from plumbing.unit_of_work import Unit, UnitOfWork
 from schemas.envelopes import DispatchEnvelope

@@ -7,9 +7,9 @@ estimate, adds it to the reading. Two others report into it: the lag monitor (as
 reading begins and lands) and the batch meter (the held jobs it releases, and its own
 count of the backlog, which is newer than the reading when it lands after it).
 
-The bookkeeping is in marks: ``mark()`` is how many admitted jobs are committed so far. A
-reading that took the mark as its snapshot began includes exactly those; a reading handed
-over by another replica has no mark of ours, and gets the mark of the last refresh that had
+The bookkeeping is in tallies: ``tally()`` is how many admitted jobs are committed so far. A
+reading that took the tally as its snapshot began includes exactly those; a reading handed
+over by another replica has no tally of ours, and gets the tally of the last refresh that had
 begun by the time that reading began.
 """
 
@@ -25,13 +25,13 @@ class LagEstimate:
         self._clock = clock
         self._admitted = 0  # admissions so far (their jobs committed or about to be)
         self._committed = 0  # of those, the ones whose job is committed
-        self._reading_mark = 0  # the mark the last reading landed with
-        self._refreshes: deque[tuple[float, int]] = deque(maxlen=256)  # (clock, mark)
-        # The meter's last count of the backlog: (when, jobs, the mark before it). With the
+        self._reading_tally = 0  # the tally the last reading landed with
+        self._refreshes: deque[tuple[float, int]] = deque(maxlen=256)  # (clock, tally)
+        # The meter's last count of the backlog: (when, jobs, the tally before it). With the
         # open lag it is the same quantity as a reading, counted more often.
         self._count: tuple[float, int, int] | None = None
 
-    def mark(self) -> int:
+    def tally(self) -> int:
         """The admitted jobs committed so far (a count begun after this includes them)."""
         return self._committed
 
@@ -56,26 +56,26 @@ class LagEstimate:
         self._admitted += jobs
         self._committed += jobs
 
-    def record_count(self, jobs: int, mark: int) -> None:
-        """The meter counted ``jobs`` in the backlog in PostgreSQL, after ``mark`` was read.
+    def record_count(self, jobs: int, tally: int) -> None:
+        """The meter counted ``jobs`` in the backlog in PostgreSQL, after ``tally`` was read.
         Newer than the last reading, it replaces the reading's lag: a reading plus every job
         released since would ignore the jobs that ended meanwhile, and a fast drain would
         push that sum past ``lag_hard`` while the true lag stays under ``lag_soft``."""
-        self._count = (self._clock(), jobs, mark)
+        self._count = (self._clock(), jobs, tally)
 
     # The lag monitor.
 
     def record_refresh(self) -> None:
-        """A reading begins: remember the mark, for a reading without one of its own."""
+        """A reading begins: remember the tally, for a reading without one of its own."""
         self._refreshes.append((self._clock(), self._committed))
 
-    def record_reading(self, mark: int | None, age_s: float) -> None:
-        """A reading landed, begun ``age_s`` ago, with the mark its snapshot took (None: a
+    def record_reading(self, tally: int | None, age_s: float) -> None:
+        """A reading landed, begun ``age_s`` ago, with the tally its snapshot took (None: a
         reading another replica took)."""
-        self._reading_mark = mark if mark is not None else self._mark_at(self._clock() - age_s)
+        self._reading_tally = tally if tally is not None else self._tally_at(self._clock() - age_s)
 
-    def _mark_at(self, began: float) -> int:
-        """The mark as a reading begun at ``began`` saw it: from the last refresh that
+    def _tally_at(self, began: float) -> int:
+        """The tally as a reading begun at ``began`` saw it: from the last refresh that
         started by then (the oldest kept if none did: it counts more as unseen)."""
         while len(self._refreshes) > 1 and self._refreshes[1][0] <= began:
             self._refreshes.popleft()
@@ -86,9 +86,9 @@ class LagEstimate:
     def lag(self, reading_lag: int, reading_age_s: float) -> int:
         """The last reading's lag plus what was admitted since that reading began, or the
         meter's count plus what was admitted since it, when that count is newer."""
-        estimate = reading_lag + max(0, self._admitted - self._reading_mark)
+        estimate = reading_lag + max(0, self._admitted - self._reading_tally)
         if self._count is not None:
-            at, jobs, mark = self._count
+            at, jobs, tally = self._count
             if at > self._clock() - reading_age_s:  # counted after the reading began
-                estimate = jobs + max(0, self._admitted - mark)
+                estimate = jobs + max(0, self._admitted - tally)
         return estimate

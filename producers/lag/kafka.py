@@ -7,7 +7,7 @@ one counted no unpublished job, the commit points are the same, and nothing was 
 its statement began (no outbox row written, no job ended, no reconnect). Then no job can
 have been published or dispatched (the relay publishes only unpublished rows), none can have
 ended, and the ends only move with a publish: the statement would return what it returned.
-It is asked again anyway every ``QUIET_S``, and the reused reading keeps the mark of the
+It is asked again anyway every ``QUIET_S``, and the reused reading keeps the tally of the
 statement it came from, so that what this process admitted since counts as unseen.
 """
 
@@ -72,9 +72,9 @@ class KafkaLagSource:
         self.pg_reads = 0  # readings that asked PostgreSQL
 
     async def read(
-        self, mark: Callable[[], int] | None = None, share: Share | None = None
+        self, tally: Callable[[], int] | None = None, share: Share | None = None
     ) -> Reading:
-        """``mark`` is read as the PostgreSQL snapshot begins (``Reading.mark``); ``share``
+        """``tally`` is read as the PostgreSQL snapshot begins (``Reading.tally``); ``share``
         stores the reading in the same statement, when one runs (``pg_reads`` grows)."""
         # The commit points first: the ends and the open jobs read after them are at or
         # past them.
@@ -84,7 +84,7 @@ class KafkaLagSource:
             return reused
         version = self._activity.version if self._activity is not None else 0
         began = time.monotonic()
-        reading = await self._repository.reading(committed, mark, share)
+        reading = await self._repository.reading(committed, tally, share)
         self.pg_reads += 1
         settled = self._activity is not None and reading.unpublished == 0
         self._settled = _Settled(reading, version, began) if settled else None

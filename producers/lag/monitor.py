@@ -39,9 +39,9 @@ Clock = Callable[[], float]
 
 
 class LagSource(Protocol):
-    async def read(self, mark: Callable[[], int]) -> Reading | None:
+    async def read(self, tally: Callable[[], int]) -> Reading | None:
         """A new reading, or None when there is none since the last (the last one ages).
-        ``mark`` is read as the reading's PostgreSQL snapshot begins (``Reading.mark``)."""
+        ``tally`` is read as the reading's PostgreSQL snapshot begins (``Reading.tally``)."""
         ...
 
 
@@ -124,10 +124,10 @@ class LagMonitor:
         self._estimate.record_refresh()
         try:
             async with asyncio.timeout(self._stale_after_s):
-                # A source that reads PostgreSQL takes the mark as its snapshot begins: a
-                # mark taken before the broker is asked would count the jobs committed in
+                # A source that reads PostgreSQL takes the tally as its snapshot begins: a
+                # tally taken before the broker is asked would count the jobs committed in
                 # between twice (in the reading and as unseen).
-                reading = await self._source.read(self._estimate.mark)
+                reading = await self._source.read(self._estimate.tally)
         except (KafkaError, OSError, TimeoutError, DBAPIError) as exc:
             log.warning("lag monitor: cannot read lag: %r", exc)
             self._cause = cause_of(exc)
@@ -139,7 +139,7 @@ class LagMonitor:
         r = reading
         if not self.update(r.ends, r.committed, r.unpublished, r.open, age_s=r.age_s):
             return False
-        self._estimate.record_reading(r.mark, r.age_s)
+        self._estimate.record_reading(r.tally, r.age_s)
         return True
 
     async def run(self, stop: asyncio.Event) -> None:

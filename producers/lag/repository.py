@@ -73,13 +73,13 @@ class LagRepository:
     async def reading(
         self,
         committed: Mapping[int, int],
-        marker: Callable[[], int] | None = None,
+        tally: Callable[[], int] | None = None,
         share: Share | None = None,
     ) -> Reading:
         """The reading at the commit points ``committed`` (read first: the ends and the open
         jobs read after them are at or past them). One statement, so one snapshot: the relay
         moves rows from "unpublished" to the ends, and records the jobs' positions, in one
-        transaction. ``marker`` is read before the statement (``Reading.mark``); with
+        transaction. ``tally`` is read before the statement (``Reading.tally``); with
         ``share``, the statement also stores the reading for the other replicas."""
         # Every partition, 0 where the relay recorded no end yet (as a follower shows it).
         zeros = literal({str(p): 0 for p in range(self._partitions)}, JSONB())
@@ -111,15 +111,15 @@ class LagRepository:
             query = _shared(query, share, committed)
 
         async def read(conn: AsyncConnection) -> tuple[int | None, Any]:
-            mark = marker() if marker is not None else None  # as its snapshot begins
-            return mark, (await conn.execute(query)).one()
+            taken = tally() if tally is not None else None  # as its snapshot begins
+            return taken, (await conn.execute(query)).one()
 
-        mark, row = await joining(self._work, self._db, read)
+        taken, row = await joining(self._work, self._db, read)
         if share is not None:
             share.done(bool(row.wrote))
         ends_of = {int(p): int(n) for p, n in row.ends.items()}
         opened = {int(p): int(n) for p, n in row.open.items()} if self._count_open else None
-        return Reading(ends_of, committed, int(row.unpublished), opened, mark=mark)
+        return Reading(ends_of, committed, int(row.unpublished), opened, tally=taken)
 
     def _open(self, committed: Mapping[int, int]) -> ScalarSelect[Any]:
         """Per partition, the jobs not yet ended whose record of this log lies at or past the

@@ -54,10 +54,10 @@ class Reading:
     # How long ago the reading began, as its source hands it over: 0 for one just taken,
     # more for one another API replica took (producers/lag/shared.py).
     age_s: float = 0.0
-    # This process's admission mark (``LagEstimate.mark``) as the reading's PostgreSQL
+    # This process's admission tally (``LagEstimate.tally``) as the reading's PostgreSQL
     # snapshot began: the jobs it had committed by then are in the reading. None for a
     # reading another replica took.
-    mark: int | None = None
+    tally: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

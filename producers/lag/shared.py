@@ -82,12 +82,12 @@ class SharedLagSource:
         """Whether this replica reads the broker for the others."""
         return self._reader
 
-    async def read(self, mark: Callable[[], int] | None = None) -> Reading | None:
-        """``mark`` is read as this replica's own readings' snapshots begin; a reading
+    async def read(self, tally: Callable[[], int] | None = None) -> Reading | None:
+        """``tally`` is read as this replica's own readings' snapshots begin; a reading
         another replica took has none."""
         try:
             if self._reader:
-                return await self._take(mark)
+                return await self._take(tally)
             if not self._due():
                 return None
             heard = self._activity.version if self._activity is not None else 0
@@ -96,7 +96,7 @@ class SharedLagSource:
                 self._is_reader(True)
                 of = f" of {self._model}" if self._model else ""
                 log.info("lag%s: this replica (%s) now reads the lag for all", of, self._name)
-                return await self._take(mark)
+                return await self._take(tally)
             self._heard = heard
             return self._follow(found)
         except DBAPIError:
@@ -104,13 +104,13 @@ class SharedLagSource:
             await self._store.drop()
             raise
 
-    async def _take(self, mark: Callable[[], int] | None) -> Reading:
+    async def _take(self, tally: Callable[[], int] | None) -> Reading:
         began = time.monotonic()
         rewrite_after_s = None if self._stale_s is None else REWRITE_AFTER * self._stale_s
         share = _Share(self._store, self._name, rewrite_after_s, began)
         reads = self._local.pg_reads
         try:
-            reading = await self._local.read(mark, share)
+            reading = await self._local.read(tally, share)
         except (KafkaError, OSError, TimeoutError):
             self._is_reader(False)
             await self._store.unlock()
@@ -128,7 +128,7 @@ class SharedLagSource:
             reading.unpublished,
             reading.open,
             age_s=taken,
-            mark=reading.mark,
+            tally=reading.tally,
         )
 
     def _rewrite(self, reading: Reading, began: float) -> bool:

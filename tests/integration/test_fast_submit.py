@@ -210,7 +210,7 @@ class Lag:
         self.lag = lag
         self.read_once = False
 
-    async def read(self, mark: Callable[[], int]) -> Reading | None:
+    async def read(self, tally: Callable[[], int]) -> Reading | None:
         if self.lag is None:
             raise OSError("no lag here")
         if self.read_once:

@@ -35,12 +35,12 @@ class Counted(KafkaLagSource):
         self.broken = False
 
     async def read(
-        self, mark: Callable[[], int] | None = None, share: Share | None = None
+        self, tally: Callable[[], int] | None = None, share: Share | None = None
     ) -> Reading:
         self.reads += 1
         if self.broken:
             raise KafkaConnectionError("the broker is unreachable from this replica")
-        return await super().read(mark, share)
+        return await super().read(tally, share)
 
 
 def replica(settings: Settings, db: AsyncEngine) -> tuple[SharedLagSource, Counted]:

@@ -399,12 +399,12 @@ def test_the_meters_count_newer_than_the_reading_replaces_its_lag() -> None:
     c.estimate.record_release(80)  # a meter round released 80 held jobs after the reading
     assert c.current_lag() == 230  # seen at once
     clock.t += 1.0  # the reading is a second old; the jobs that ended since are not in it
-    c.estimate.record_count(120, c.estimate.mark())  # the meter's next round counted them
+    c.estimate.record_count(120, c.estimate.tally())  # the meter's next round counted them
     assert c.current_lag() == 120
     c.estimate.record_release(30)
     assert c.current_lag() == 150
     monitor.update({0: 1000}, {0: 1000 - 40})  # a reading newer than the count
-    assert c.current_lag() == 40 + 110  # its lag, plus all released since its mark (0)
+    assert c.current_lag() == 40 + 110  # its lag, plus all released since its tally (0)
 
 
 async def test_a_document_is_judged_as_its_whole_graph() -> None:

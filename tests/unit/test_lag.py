@@ -113,7 +113,7 @@ class Handed:
     def __init__(self) -> None:
         self.next: Reading | None = None
 
-    async def read(self, mark: Callable[[], int]) -> Reading | None:
+    async def read(self, tally: Callable[[], int]) -> Reading | None:
         found, self.next = self.next, None
         return found
 

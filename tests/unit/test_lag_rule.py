@@ -111,12 +111,12 @@ class FailingSource:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
-    async def read(self, mark: Callable[[], int]) -> Reading:
+    async def read(self, tally: Callable[[], int]) -> Reading:
         raise self.exc
 
 
 class OneSource:
-    async def read(self, mark: Callable[[], int]) -> Reading:
+    async def read(self, tally: Callable[[], int]) -> Reading:
         return Reading({0: 7}, {0: 2}, unpublished=1)
 
 

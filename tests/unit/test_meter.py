@@ -61,7 +61,7 @@ async def test_a_round_releases_the_room_and_tells_admission() -> None:
     m, estimate = meter(store, 0)
     done = await m.step(datetime.now(UTC))
     assert done.released == 40  # fill 50 less the 10 batch jobs in the backlog
-    assert estimate.mark() == 40  # released jobs are committed ones
+    assert estimate.tally() == 40  # released jobs are committed ones
     # and the backlog it counted (30, before the round) replaced the reading's lag (0)
     assert estimate.lag(0, reading_age_s=1.0) == 30 + 40
 
@@ -71,7 +71,7 @@ async def test_nothing_is_released_while_the_lag_is_unknown() -> None:
     m, estimate = meter(store, None)
     await m.step()
     assert store.asked == [(0, True)]  # expiry still runs
-    assert estimate.mark() == 0
+    assert estimate.tally() == 0
 
 
 async def test_expired_jobs_are_looked_for_once_a_second_not_every_round() -> None:
