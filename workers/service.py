@@ -100,7 +100,6 @@ def build_gate(
     gate's class (``PullGate`` or a subclass taking the same arguments)."""
     return gate_type(
         engine,
-        policy=worker.pull_policy,
         max_running=worker.worker_max_running,
         watermark=worker.kv_watermark,
         max_prefill_tokens=worker.worker_max_prefill_tokens,
