@@ -119,7 +119,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--drain-max-s", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument(
-        "--policy", default="kv", choices=list(GATES), help="greedy: the baseline gate"
+        "--policy",
+        default="kv",
+        choices=list(GATES),
+        help="greedy: the baseline of benchmarks/lib/greedy.py",
     )
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     # The classic members' session: the broker's group.consumer.session.timeout.ms.
