@@ -131,7 +131,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         expected_s=60,
         in_suite=False,
     ),
-    # 64 simulated workers in one group through a burst and a rebalance storm, kv and greedy.
+    # 64 simulated workers in one group through a burst and a rebalance storm, KV-gated (its
+    # --policy greedy: the greedy baseline of benchmarks/lib/greedy.py).
     Scenario(
         name="fleet", module="benchmarks.scenarios.fleet", argv=(), expected_s=1400, in_suite=False
     ),

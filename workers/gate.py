@@ -1,11 +1,10 @@
 """The worker's two gates in front of the engine.
 
-The pull gate: may the next dispatch record start on the engine now? Policy ``kv`` starts a
-job only when the engine's free KV blocks, less the growth reserved for the jobs already
-running and a watermark, cover the job's need; on an engine of slots (llama.cpp, where each
-sequence has a context of its own), only when a slot is free and the job fits its context.
-Policy ``greedy`` starts whatever it is given and lets the engine queue (kept to compare
-against). Both stop at ``max_running`` jobs in flight.
+The pull gate: may the next dispatch record start on the engine now? It starts a job only
+when the engine's free KV blocks, less the growth reserved for the jobs already running and
+a watermark, cover the job's need; on an engine of slots (llama.cpp, where each sequence has
+a context of its own), only when a slot is free and the job fits its context. It stops at
+``max_running`` jobs in flight.
 
 The pre-decode gate: should a job that fits still run? It judges every job at the last
 moment, with its row locked, after the KV check and just before the engine sees it: a job
@@ -20,7 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from schemas import reasons
 from schemas.envelopes import DispatchEnvelope, JobEvent
@@ -29,8 +28,6 @@ from schemas.states import JobState
 from workers.engines.base import Capacity, InferenceEngine
 from workers.kv import ExpectedOutput, KvLedger, SpeedMeter
 from workers.metrics import UNDER_RESERVED
-
-Policy = Literal["kv", "greedy"]
 
 
 @dataclass
@@ -74,7 +71,6 @@ class PullGate:
         self,
         engine: InferenceEngine,
         *,
-        policy: Policy = "kv",
         max_running: int = 256,
         watermark: float = 0.01,
         expected: ExpectedOutput | None = None,
@@ -84,7 +80,6 @@ class PullGate:
         # Set where room may have opened: here when a job's KV is let go early (before its
         # end is written); by its user, the worker, on whatever else it sees free room.
         self.room_changed = asyncio.Event()
-        self.policy = policy
         self.max_running = max_running
         # Prompt tokens of started jobs still before their first output token: a cap on it
         # paces starts, so a cohort of jobs ending together is not replaced all at once.
@@ -109,8 +104,6 @@ class PullGate:
             return False
         if self.splits(envelope):
             return True  # cut into a graph of jobs, never decoded whole: it holds no KV
-        if self.policy == "greedy":
-            return True
         if cap.total_blocks <= 0:
             return False  # capacity not known yet (a remote engine before its first scrape)
         if not self._prefill_room(envelope.prompt_tokens):
@@ -175,8 +168,6 @@ class PullGate:
     def _room(self, cap: Capacity) -> bool:
         if self.ledger.running >= self.max_running:
             return False
-        if self.policy == "greedy":
-            return True
         return cap.max_running is None or cap.running + cap.waiting < cap.max_running
 
     def _need(self, envelope: DispatchEnvelope, cap: Capacity) -> int:

@@ -93,10 +93,13 @@ def build_engine(name: str, engines: Engines) -> InferenceEngine:
     raise ValueError(f"unknown engine {name!r}")
 
 
-def build_gate(worker: WorkerSettings, engine: InferenceEngine) -> PullGate:
-    return PullGate(
+def build_gate(
+    worker: WorkerSettings, engine: InferenceEngine, gate_type: type[PullGate] = PullGate
+) -> PullGate:
+    """The worker's pull gate on ``engine``, as ``worker`` sets it; ``gate_type``: the
+    gate's class (``PullGate`` or a subclass taking the same arguments)."""
+    return gate_type(
         engine,
-        policy=worker.pull_policy,
         max_running=worker.worker_max_running,
         watermark=worker.kv_watermark,
         max_prefill_tokens=worker.worker_max_prefill_tokens,
@@ -227,23 +230,32 @@ def ends_of(
 
 
 async def run_worker(
-    settings: Settings, stop: asyncio.Event, *, engine: InferenceEngine | None = None
+    settings: Settings,
+    stop: asyncio.Event,
+    *,
+    engine: InferenceEngine | None = None,
+    gate_type: type[PullGate] = PullGate,
 ) -> None:
     """Run one worker until ``stop``, in the pool of its model (``worker_model``: its
-    topic, its group, its settings)."""
-    async with working(settings, stop, engine=engine) as worker:
+    topic, its group, its settings); ``engine`` and ``gate_type`` as ``working`` takes
+    them."""
+    async with working(settings, stop, engine=engine, gate_type=gate_type) as worker:
         if worker is not None:
             await worker.run(stop)
 
 
 @contextlib.asynccontextmanager
 async def working(
-    settings: Settings, stop: asyncio.Event, *, engine: InferenceEngine | None = None
+    settings: Settings,
+    stop: asyncio.Event,
+    *,
+    engine: InferenceEngine | None = None,
+    gate_type: type[PullGate] = PullGate,
 ) -> AsyncIterator[Worker | None]:
     """One worker, made with everything it runs with (its engine started, its consumer,
     its control, its presence reports), for its caller to run; all of it stopped and closed
     after. None if ``stop`` came before the broker answered. ``engine``: the one to use
-    (None: the one ``settings`` name)."""
+    (None: the one ``settings`` name); ``gate_type``: its pull gate's class (``build_gate``)."""
     pool = Pools(settings).for_worker()
     settings = pool.settings
     label("worker", model=pool.model)  # every family it exports: its pool's model
@@ -272,7 +284,7 @@ async def working(
         if at_once is not None:
             controls.append(asyncio.create_task(at_once.run(control_stop), name="at-once"))
         try:
-            gate = build_gate(own, inference)
+            gate = build_gate(own, inference, gate_type)
             executor = Executor(
                 engine=inference,
                 repo=repo,

@@ -33,6 +33,7 @@ from sluicegate.local.broker import dist
 from sluicegate.local.broker.apache import ApacheKafka
 from sluicegate.local.broker.tansu import WORKAROUNDS, TansuBroker
 from sluicegate.local.embedded import EmbeddedPostgres
+from workers.gate import PullGate
 from workers.service import run_worker
 
 TERMINAL = {s.value for s in TERMINAL_STATES}
@@ -49,8 +50,9 @@ class Bench:
     def start_relay(self) -> None:
         self.tasks.append(asyncio.create_task(run_relay(self.settings, self.stop)))
 
-    def start_worker(self) -> None:
-        self.tasks.append(asyncio.create_task(run_worker(self.settings, self.stop)))
+    def start_worker(self, gate_type: type[PullGate] = PullGate) -> None:
+        worker = run_worker(self.settings, self.stop, gate_type=gate_type)
+        self.tasks.append(asyncio.create_task(worker))
 
 
 def broker_kind() -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from benchmarks.lib.fleet.configs import CONFIGS
 from benchmarks.lib.fleet.plan import MIX, SEED, Plan, Roofline, plan, roofline
 from benchmarks.lib.fleet.run import raise_max_connections, run_config
+from benchmarks.lib.greedy import GATES
 from benchmarks.lib.plots.fleet import plot_fleet
 from benchmarks.lib.reports import OUT_DIR, write_report
 from benchmarks.lib.stack import broker_kind, services
@@ -117,7 +118,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--start-max-s", type=float, default=120.0)
     parser.add_argument("--drain-max-s", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--policy", default="kv", choices=("kv", "greedy"))
+    parser.add_argument(
+        "--policy",
+        default="kv",
+        choices=list(GATES),
+        help="greedy: the baseline of benchmarks/lib/greedy.py",
+    )
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     # The classic members' session: the broker's group.consumer.session.timeout.ms.
     parser.add_argument("--session-ms", type=int, default=10_000)

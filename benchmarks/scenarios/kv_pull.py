@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.greedy import GATES
 from benchmarks.lib.plots.kv_pull import plot_kv_pull
 from benchmarks.lib.reports import OUT_DIR, percentile
 from benchmarks.lib.stack import TERMINAL, Bench, pipeline, services, wait_published
@@ -57,7 +58,6 @@ async def run_policy(
 ) -> dict[str, Any]:
     docs = scenario.documents()
     overrides: dict[str, object] = {
-        "pull_policy": policy,
         "worker_max_running": 256 if policy == "kv" else 100_000,
         "lag_soft": 1_000_000,
         "lag_hard": 2_000_000,
@@ -82,7 +82,9 @@ async def run_policy(
         samples: list[Sample] = []
         start = time.monotonic()
         handed = started_jobs()
-        worker = asyncio.create_task(run_worker(bench.settings, bench.stop, engine=engine))
+        worker = asyncio.create_task(
+            run_worker(bench.settings, bench.stop, engine=engine, gate_type=GATES[policy])
+        )
         bench.tasks.append(worker)
         while True:
             cap = engine.capacity()

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.lib.greedy import GATES
 from benchmarks.lib.plots.llamacpp_pull import plot_llamacpp_pull
 from benchmarks.lib.reports import OUT_DIR, write_report
 from benchmarks.lib.stack import TERMINAL, Bench, pipeline, services
@@ -114,7 +115,6 @@ async def run_policy(
         overrides: dict[str, object] = {
             "engine": "llamacpp",
             "llamacpp_url": url,
-            "pull_policy": policy,
             "worker_max_running": SLOTS if policy == "kv" else 100_000,
             "lag_soft": 1_000_000,
             "lag_hard": 2_000_000,
@@ -137,7 +137,7 @@ async def run_policy(
                 assert response.status_code == 202, response.text
             before = await server_metrics(server)
             start = time.monotonic()
-            bench.start_worker()
+            bench.start_worker(gate_type=GATES[policy])
             samples = await sample_until_done(bench, server, scenario.jobs, start)
             elapsed = time.monotonic() - start
             after = await server_metrics(server)

@@ -10,8 +10,8 @@ from plumbing.settings.base import SettingsGroup
 
 
 class WorkerSettings(SettingsGroup):
-    """A worker process (`sluicegate worker`): its engine, its pull policy, its KV-cache
-    reservations and its pre-decode gate (docs/workers.md)."""
+    """A worker process (`sluicegate worker`): its engine, its pull gate and KV-cache
+    reservations, and its pre-decode gate (docs/workers.md)."""
 
     title: ClassVar[str] = "Workers"
     path: ClassVar[str] = "worker"
@@ -22,12 +22,6 @@ class WorkerSettings(SettingsGroup):
         "`vllm serve` or `sluicegate sim-server` at `vllm_url`), `vllm_local` (an in-process "
         "vLLM; needs the vllm extra and a GPU) or `llamacpp` (a llama.cpp server at "
         "`llamacpp_url`).",
-    )
-    pull_policy: Literal["kv", "greedy"] = Field(
-        default="kv",
-        description="How a worker pulls: `kv` starts a job only when the engine's KV cache "
-        "can hold it; `greedy` takes every record it can fetch and lets the engine queue "
-        "(for comparison).",
     )
     worker_max_running: int = Field(
         default=256,

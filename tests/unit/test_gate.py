@@ -69,14 +69,6 @@ def requests(n: int) -> list[GenerationRequest]:
     ]
 
 
-async def test_greedy_policy_ignores_the_cache(engine: SimEngine) -> None:
-    gate = PullGate(engine, policy="greedy", max_running=50)
-    for i in range(50):  # completions: a summary this long would be cut into a graph
-        assert gate.admits(envelope(f"j{i}", prompt_tokens=5000, kind=JobKind.COMPLETE))
-        gate.started(envelope(f"j{i}", prompt_tokens=5000, kind=JobKind.COMPLETE))
-    assert not gate.admits(envelope("one-more"))
-
-
 async def test_a_job_larger_than_the_cache_starts_alone(engine: SimEngine) -> None:
     gate = PullGate(engine, watermark=0.0)
     huge = envelope("huge", prompt_tokens=5000, kind=JobKind.COMPLETE)

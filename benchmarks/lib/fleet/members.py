@@ -19,6 +19,7 @@ from benchmarks.lib.engine import Counting
 from benchmarks.lib.fleet.configs import Config, first_member_async
 from benchmarks.lib.fleet.kill import destroy_without_leaving
 from benchmarks.lib.fleet.plan import Move
+from benchmarks.lib.greedy import GATES
 from benchmarks.lib.stack import Bench
 from workers.consumer import Worker
 from workers.engines.base import Finished, Generation, GenerationRequest
@@ -107,7 +108,8 @@ class Fleet:
         settings = self.bench.settings.model_copy(update={"worker_group_instance_id": instance_id})
 
         async def run() -> None:
-            async with working(settings, member.stop, engine=engine) as worker:
+            gate_type = GATES[self.args.policy]
+            async with working(settings, member.stop, engine=engine, gate_type=gate_type) as worker:
                 if worker is not None:
                     member.worker = worker
                     await worker.run(member.stop)

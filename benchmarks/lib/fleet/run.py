@@ -41,7 +41,6 @@ def overrides(args: argparse.Namespace, config: Config, roof: Roofline) -> dict[
     p99_s = roof.service_p99_s * args.time_scale
     return {
         "partitions": args.partitions,
-        "pull_policy": args.policy,
         "worker_group_protocol": config.protocol,
         "worker_session_timeout_ms": args.session_ms,
         "sim_time_scale": args.time_scale,
