@@ -59,7 +59,7 @@ class JobProgress:
     def ended(self) -> None:
         """The engine let go of the job (its decoding stopped, its KV is free), before its
         end is written: its reservation goes now, so that the next record may be claimed
-        meanwhile (and carry the end, ``plumbing.carpool``)."""
+        meanwhile (and carry the end, ``plumbing.unit_of_work``)."""
         if not self.released:
             self.released = True
             self.gate.finished(self.job_id)
