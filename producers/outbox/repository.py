@@ -85,7 +85,7 @@ async def redispatch(conn: AsyncConnection, topic: str, which: ColumnElement[boo
             .where(which, jobs.c.state.in_(UNSTARTED_OR_RUNNING))
             .values(
                 dispatch_topic=topic,
-                dispatch_log=None,
+                dispatch_cluster_id=None,
                 dispatch_partition=None,
                 dispatch_offset=None,
             )
@@ -198,7 +198,7 @@ class OutboxStore:
         topic = self._dispatch_topic
         void = partition_ends.c.topic == topic
         if cluster_id is not None:
-            void = and_(void, partition_ends.c.log.is_distinct_from(cluster_id))
+            void = and_(void, partition_ends.c.cluster_id.is_distinct_from(cluster_id))
         async with transaction(self._engine) as conn:
             gone = (
                 (
@@ -218,7 +218,7 @@ class OutboxStore:
                             "topic": topic,
                             "partition": p,
                             "end_offset": ends.get(p, 0),
-                            "log": cluster_id,
+                            "cluster_id": cluster_id,
                             "updated_at": now,
                         }
                         for p in gone
@@ -252,7 +252,7 @@ class OutboxStore:
             )
             per_partition.append(and_(jobs.c.dispatch_partition == p, or_(*out_of_range, skipped)))
         gone = or_(
-            jobs.c.dispatch_log.is_distinct_from(view.cluster_id),
+            jobs.c.dispatch_cluster_id.is_distinct_from(view.cluster_id),
             *per_partition,
         )
         startable = or_(
@@ -265,7 +265,7 @@ class OutboxStore:
                     select(
                         jobs.c.id,
                         jobs.c.state,
-                        jobs.c.dispatch_log,
+                        jobs.c.dispatch_cluster_id,
                         jobs.c.dispatch_partition,
                         jobs.c.dispatch_offset,
                     ).where(
@@ -279,7 +279,7 @@ class OutboxStore:
             ).all()
         return {
             str(r.id): (
-                (r.dispatch_log, r.dispatch_partition, r.dispatch_offset),
+                (r.dispatch_cluster_id, r.dispatch_partition, r.dispatch_offset),
                 r.state == JobState.RUNNING.value,
             )
             for r in rows
@@ -289,7 +289,7 @@ class OutboxStore:
         """A new dispatch record for each of ``lost`` whose position is still the one judged
         gone, in one transaction; returns how many got one."""
         position = tuple_(
-            jobs.c.dispatch_log, jobs.c.dispatch_partition, jobs.c.dispatch_offset
+            jobs.c.dispatch_cluster_id, jobs.c.dispatch_partition, jobs.c.dispatch_offset
         )
         which = or_(*(and_(jobs.c.id == job_id, position == at) for job_id, at in lost))
         async with transaction(self._engine) as conn:
