@@ -110,7 +110,7 @@ async def cluster_id(bootstrap: str) -> str | None:
 
 
 class ClusterIdReader:
-    """Reads the broker cluster's id; a new id means a new log (the old records are gone).
+    """Reads the broker cluster's id; a new id means a new cluster (the old records are gone).
 
     One admin client, started on first use and kept: a read is one DescribeCluster request
     on its connection, which follows the broker to wherever it comes back (a broker whose

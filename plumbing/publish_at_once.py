@@ -34,7 +34,7 @@ from plumbing.unit_of_work import Unit, UnitOfWork
 log = logging.getLogger(__name__)
 
 DOWN_S = 5.0  # after a failed send, rows are left to the relay this long
-CONFIRM_S = 0.5  # dispatch records' log read again at most this often
+CONFIRM_S = 0.5  # the cluster id read again for dispatch records at most this often
 WAITING = 10_000  # most rows waiting to be sent
 
 
@@ -47,8 +47,8 @@ class AtOncePublisher:
         self._linger_s = linger_s
         self.grace_s = grace_s  # what the writer stores as the row's publish_after, ahead
         self._pending: list[OutboxRow] = []
-        # Dispatch records acknowledged, whose log is to be read again before they may be
-        # recorded (their positions are recorded with the log).
+        # Dispatch records acknowledged, for which the cluster id is to be read again before
+        # they may be recorded (their positions are recorded with the cluster id).
         self._unconfirmed: list[Published] = []
         self._confirmed_at = 0.0
         self._wake = asyncio.Event()
@@ -106,7 +106,7 @@ class AtOncePublisher:
     async def _send(self) -> None:
         rows, self._pending = self._pending, []
         try:
-            acked = await self._publisher.publish(rows, check_log=False)
+            acked = await self._publisher.publish(rows, check_cluster=False)
         except (KafkaError, OSError, TimeoutError) as exc:
             self._leave(rows, exc)
             await self._publisher.disconnect()
@@ -123,13 +123,13 @@ class AtOncePublisher:
             self._work.add_published(records)
 
     async def _confirm(self) -> None:
-        """The log read again after the acknowledgements: their records may be written (a
-        log replaced meanwhile: they are left to the relay). One read for every dispatch
-        record acknowledged since the last, at most every ``CONFIRM_S``."""
+        """The cluster id read again after the acknowledgements: their records may be
+        written (a cluster id changed meanwhile: they are left to the relay). One read for
+        every dispatch record acknowledged since the last, at most every ``CONFIRM_S``."""
         records, self._unconfirmed = self._unconfirmed, []
         self._confirmed_at = time.monotonic()
         try:
-            await self._publisher.same_log()
+            await self._publisher.same_cluster()
         except (KafkaError, OSError, TimeoutError) as exc:
             self._leave([r.row for r in records], exc)
             await self._publisher.disconnect()

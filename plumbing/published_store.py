@@ -43,12 +43,12 @@ class OutboxRow:
 
 @dataclass(frozen=True, kw_only=True)
 class Acked:
-    """Where the broker put one published record; ``log`` is the broker cluster's id."""
+    """Where the broker put one published record; ``cluster_id``: the broker cluster's."""
 
     topic: str
     partition: int
     offset: int
-    log: str | None = None
+    cluster_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,8 +66,8 @@ RECORDING: tuple[CTE, ...] = (
         "m_acked",
         """SELECT * FROM unnest(
         CAST(:m_ids AS bigint[]), CAST(:m_keys AS text[]), CAST(:m_topics AS text[]),
-        CAST(:m_partitions AS int[]), CAST(:m_offsets AS bigint[]), CAST(:m_logs AS text[])
-    ) AS a(id, key, topic, part, "offset", log)""",
+        CAST(:m_partitions AS int[]), CAST(:m_offsets AS bigint[]), CAST(:m_cluster_ids AS text[])
+    ) AS a(id, key, topic, part, "offset", cluster_id)""",
     ),
     cte(
         "m_marked",
@@ -77,28 +77,28 @@ RECORDING: tuple[CTE, ...] = (
     ),
     cte(
         "m_ends",
-        """INSERT INTO partition_ends AS e (topic, partition, end_offset, log, updated_at)
-    SELECT topic, part, max("offset") + 1, max(log), now() FROM m_acked
+        """INSERT INTO partition_ends AS e (topic, partition, end_offset, cluster_id, updated_at)
+    SELECT topic, part, max("offset") + 1, max(cluster_id), now() FROM m_acked
     WHERE topic = ANY(CAST(:m_dispatch AS text[]))
     GROUP BY topic, part ORDER BY topic, part
     ON CONFLICT (topic, partition) DO UPDATE SET
-        end_offset = CASE WHEN e.log IS NOT DISTINCT FROM excluded.log
+        end_offset = CASE WHEN e.cluster_id IS NOT DISTINCT FROM excluded.cluster_id
                           THEN greatest(e.end_offset, excluded.end_offset)
                           ELSE excluded.end_offset END,
-        log = excluded.log,
+        cluster_id = excluded.cluster_id,
         updated_at = excluded.updated_at
     RETURNING 1""",
     ),
     cte(
         "m_newest",
-        """SELECT DISTINCT ON (key) CAST(key AS uuid) AS job_id, topic, part, "offset", log
+        """SELECT DISTINCT ON (key) CAST(key AS uuid) AS job_id, topic, part, "offset", cluster_id
     FROM m_acked
     WHERE topic = ANY(CAST(:m_dispatch AS text[])) AND id IN (SELECT id FROM m_marked)
     ORDER BY key, id DESC""",
     ),
     cte(
         "m_locked",
-        """SELECT jobs.id, m_newest.topic, m_newest.part, m_newest."offset", m_newest.log
+        """SELECT jobs.id, m_newest.topic, m_newest.part, m_newest."offset", m_newest.cluster_id
     FROM jobs JOIN m_newest ON jobs.id = m_newest.job_id
     ORDER BY jobs.id FOR UPDATE OF jobs""",
     ).prefix_with("MATERIALIZED"),
@@ -109,7 +109,7 @@ RECORDING: tuple[CTE, ...] = (
         dispatched_at = coalesce(jobs.dispatched_at, now()),
         updated_at = CASE WHEN jobs.state = 'queued' THEN now() ELSE jobs.updated_at END,
         dispatch_topic = m_locked.topic,
-        dispatch_log = m_locked.log,
+        dispatch_cluster_id = m_locked.cluster_id,
         dispatch_partition = m_locked.part,
         dispatch_offset = m_locked."offset"
     FROM m_locked
@@ -136,7 +136,7 @@ def params(records: Sequence[Published]) -> dict[str, Any]:
         "m_topics": [r.acked.topic for r in records],
         "m_partitions": [r.acked.partition for r in records],
         "m_offsets": [r.acked.offset for r in records],
-        "m_logs": [r.acked.log for r in records],
+        "m_cluster_ids": [r.acked.cluster_id for r in records],
         "m_dispatch": sorted({r.acked.topic for r in records if r.dispatch}),
     }
 

@@ -1,12 +1,13 @@
-"""Publishing outbox rows to the broker, with the log they went to: the relay's rounds and
-the rows the API and workers publish at once (``plumbing.publish_at_once``) go out through one.
+"""Publishing outbox rows to the broker, with the cluster they went to: the relay's rounds
+and the rows the API and workers publish at once (``plumbing.publish_at_once``) go out
+through one.
 
-Records are published with the log they went to: the broker cluster's id, read when the
+Records are published with the id of the broker cluster they went to, read when the
 producer connected and read again once a batch with dispatch records is acknowledged. A
 producer reconnects by itself to a broker that came back empty (the embedded one keeps its
-log in memory) with a new id; recorded against the old log, every record it then published
-would look gone to the reconciler, which would send it again pass after pass. A batch whose
-id changed fails, and a new producer publishes it again.
+log in memory) with a new cluster id; recorded against the old id, every record it then
+published would look gone to the reconciler, which would send it again pass after pass. A
+batch whose id changed fails, and a new producer publishes it again.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from plumbing.kafka import (
 from plumbing.published_store import Acked, OutboxRow
 
 
-class LogReplaced(KafkaError):  # type: ignore[misc]
-    """The broker's cluster id changed since the producer connected: the log it knew is
-    gone, and where a batch's records went is not known for sure."""
+class ClusterReplaced(KafkaError):  # type: ignore[misc]
+    """The broker's cluster id changed since the producer connected: the records of the
+    cluster it knew are gone, and where a batch's records went is not known for sure."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +54,7 @@ class Publisher:
         self._target = target
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None  # reads the cluster id
-        self._log: str | None = None  # the broker cluster's id: which log the records go to
+        self._cluster_id: str | None = None  # the broker cluster's id the records go to
 
     async def connect(self) -> AIOKafkaProducer:
         """Topics first, then a producer: a producer that sends to a missing topic makes the
@@ -64,7 +65,7 @@ class Publisher:
             admin = AIOKafkaAdminClient(bootstrap_servers=t.bootstrap, request_timeout_ms=10_000)
             self._admin = admin
             await admin.start()
-            self._log = await described_cluster_id(admin)
+            self._cluster_id = await described_cluster_id(admin)
             producer = make_producer(t.bootstrap, idempotent=t.idempotent, linger_ms=t.linger_ms)
             try:
                 await producer.start()
@@ -85,20 +86,23 @@ class Publisher:
             with contextlib.suppress(KafkaError, OSError):
                 await admin.close()
 
-    async def publish(self, rows: list[OutboxRow], *, check_log: bool = True) -> list[Acked]:
+    async def publish(self, rows: list[OutboxRow], *, check_cluster: bool = True) -> list[Acked]:
         """Send ``rows`` in order and wait for every acknowledgement (``send_timeout_s``).
-        ``check_log``: then read the cluster id again if they hold dispatch records (without
-        it, the caller must call ``same_log`` before it records their positions)."""
+        ``check_cluster``: then read the cluster id again if they hold dispatch records
+        (without it, the caller must call ``same_cluster`` before it records their
+        positions)."""
         producer = await self.connect()
         async with asyncio.timeout(self._target.send_timeout_s):
             futures = [
                 await producer.send(row.topic, row.payload, key=row.key.encode()) for row in rows
             ]
             metadata = await asyncio.gather(*futures)
-            if check_log and self.dispatches(rows):
-                await self.same_log()  # their positions are recorded with the log
+            if check_cluster and self.dispatches(rows):
+                await self.same_cluster()  # their positions are recorded with the cluster id
         return [
-            Acked(topic=m.topic, partition=m.partition, offset=m.offset, log=self._log)
+            Acked(
+                topic=m.topic, partition=m.partition, offset=m.offset, cluster_id=self._cluster_id
+            )
             for m in metadata
         ]
 
@@ -109,11 +113,13 @@ class Publisher:
     def dispatches(self, rows: list[OutboxRow]) -> bool:
         return any(row.topic in self._target.dispatch_topics for row in rows)
 
-    async def same_log(self) -> None:
-        """Raise LogReplaced unless the broker still has the cluster id read at connect
+    async def same_cluster(self) -> None:
+        """Raise ClusterReplaced unless the broker still has the cluster id read at connect
         (a broker of a new id acknowledged the batch, or may have)."""
         if self._admin is None:
-            raise LogReplaced("not connected")
+            raise ClusterReplaced("not connected")
         found = await described_cluster_id(self._admin)
-        if found != self._log:
-            raise LogReplaced(f"the broker's log was replaced ({self._log} -> {found})")
+        if found != self._cluster_id:
+            raise ClusterReplaced(
+                f"the broker's cluster id changed ({self._cluster_id} -> {found})"
+            )

@@ -19,10 +19,10 @@ from plumbing.pools import Pools
 from plumbing.settings import Settings
 from producers.api.app import create_app
 from producers.outbox.config import OutboxConfig
-from producers.outbox.log import LogReader
 from producers.outbox.reconciler import Reconciler
 from producers.outbox.relay import OutboxRelay
 from producers.outbox.repository import OutboxStore
+from producers.outbox.topic_view import TopicViewReader
 from producers.retention.pruner import Pruner
 from producers.retention.repository import RetentionStore
 
@@ -96,12 +96,12 @@ async def run_relay(settings: Settings, stop: asyncio.Event) -> None:
         pruner = Pruner(settings.retention, RetentionStore(db))
         async with asyncio.TaskGroup() as group:
             group.create_task(OutboxRelay(config, store).run(stop))
-            for pool in Pools(settings):  # each pool's records against its topic's log
+            for pool in Pools(settings):  # each pool's records against its topic
                 own = replace(config, kafka=pool.settings.kafka)
                 reconciler = Reconciler(
                     own,
                     OutboxStore(db, dispatch_topic=pool.topic, first=pool.first),
-                    LogReader(own.bootstrap, own.kafka),
+                    TopicViewReader(own.bootstrap, own.kafka),
                 )
                 group.create_task(reconciler.run(stop))
             group.create_task(pruner.run(stop))

@@ -73,13 +73,13 @@ jobs = Table(
     # A job of a batch: its batch and the caller's custom_id (unique within the batch).
     Column("batch_id", UUID(as_uuid=False), ForeignKey("batches.id"), nullable=True),
     Column("custom_id", Text, nullable=True),
-    # Where the job's latest dispatch record lies: the log (the broker cluster's id), the
-    # partition and the offset the broker acknowledged. The reconciler compares them with
-    # the broker's log to find records that are gone (producers/outbox/reconciler.py).
+    # Where the job's latest dispatch record lies: the broker cluster's id, the partition
+    # and the offset the broker acknowledged. The reconciler compares them with the broker's
+    # cluster id and offsets to find records that are gone (producers/outbox/reconciler.py).
     # The topic of its model's worker pool, set when the job is stored (None: stored before
     # pools, the first pool's).
     Column("dispatch_topic", Text, nullable=True),
-    Column("dispatch_log", Text, nullable=True),
+    Column("dispatch_cluster_id", Text, nullable=True),
     Column("dispatch_partition", Integer, nullable=True),
     Column("dispatch_offset", BigInteger, nullable=True),
     # A batch's job waiting in PostgreSQL for the meter to release it into the dispatch
@@ -190,7 +190,7 @@ partition_ends = Table(
     Column("topic", Text, primary_key=True),
     Column("partition", Integer, primary_key=True),
     Column("end_offset", BigInteger, nullable=False),
-    Column("log", Text, nullable=True),  # the broker cluster's id the end belongs to
+    Column("cluster_id", Text, nullable=True),  # the broker cluster's id the end belongs to
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 

@@ -46,7 +46,7 @@ class Held:
 
 @dataclass(frozen=True)
 class Started:
-    """A job running here: its record, and the offsets (of the log that record was read
+    """A job running here: its record, and the offsets (of the cluster that record was read
     from) in which it counts."""
 
     tp: TopicPartition
@@ -66,8 +66,8 @@ class Worker:
 
     A revoke drains only the revoked partitions' jobs and hands what outlasts the drain to
     the partitions' next owner (it reads them again from the committed offset). When the
-    broker's log was replaced (a new cluster id), nobody can be handed them: they run to
-    their end here, and the lost log's offsets are never committed to the new one.
+    broker's data was replaced (a new cluster id), nobody can be handed them: they run to
+    their end here, and the old cluster's offsets are never committed to the new one.
     """
 
     def __init__(
@@ -106,7 +106,7 @@ class Worker:
         return len(self._tasks)
 
     async def run(self, stop: asyncio.Event) -> None:
-        read = self._cluster_ids.read  # the log our offsets will index
+        read = self._cluster_ids.read  # the cluster our offsets will index
         try:
             self._cluster = await retrying("worker_cluster_id", read, stop=stop, transient=outage)
         except Stopped:  # stopped while the broker could not be reached
@@ -262,7 +262,7 @@ class Worker:
             log.error("job task failed; its record stays uncommitted", exc_info=exc)
             return
         started.offsets.finished(started.tp, started.offset)
-        if started.offsets is self._offsets:  # not a job of a lost log
+        if started.offsets is self._offsets:  # not a job of a replaced cluster
             asyncio.get_running_loop().create_task(self.commit(), name="commit")
 
     async def commit(self) -> None:
@@ -288,7 +288,7 @@ class Worker:
 
         A claim under way is waited for first: its claimed jobs run, and end like the others.
         A held record of those partitions is dropped: it was never started, and the new
-        owner reads it from the committed offset. When the broker's log was replaced, the
+        owner reads it from the committed offset. When the broker's cluster was replaced, the
         jobs running here are not stopped: their records are gone, no owner can be handed
         them, and they run to their end here.
         """
@@ -303,7 +303,7 @@ class Worker:
         self._batch = [entry for entry in self._batch if entry[0].tp not in partitions]
         for held in revoked:
             self.gate.finished(held.envelope.job_id)
-        if await self._same_log() is False:
+        if await self._same_cluster() is False:
             return
         await _end(
             [
@@ -313,7 +313,7 @@ class Worker:
             ],
             deadline,
         )
-        if await self._same_log():
+        if await self._same_cluster():
             await self.commit()
         for tp in partitions:
             self._offsets.forget(tp)
@@ -327,13 +327,13 @@ class Worker:
             async with asyncio.timeout_at(deadline):
                 await claimed.wait()
 
-    async def _same_log(self) -> bool | None:
-        """Whether the broker still serves the log our offsets index: False once its
+    async def _same_cluster(self) -> bool | None:
+        """Whether the broker is still the cluster our offsets index: False once its
         cluster id changed (those offsets are dropped, never committed), None when the id
         cannot be read now.
 
         Apache Kafka keeps its id for life; the embedded in-memory broker gets a new one on
-        every start, and committing positions from the lost log would skip new records.
+        every start, and committing positions from the old cluster would skip new records.
         """
         try:
             current = await self._cluster_ids.read()
@@ -343,7 +343,7 @@ class Worker:
         if current == self._cluster:
             return True
         log.error(
-            "the broker's log was replaced (%s -> %s); dropping offsets, %d jobs running here "
+            "the broker's cluster id changed (%s -> %s); dropping offsets, %d jobs running here "
             "run to their end",
             self._cluster,
             current,
@@ -383,7 +383,7 @@ class Worker:
         )
         with contextlib.suppress(*COMMIT_ERRORS):
             await self.finish_partitions({s.tp for s in self._tasks.values()}, deadline)
-        await _end(list(self._tasks), deadline)  # those of a lost log, left running by a revoke
+        await _end(list(self._tasks), deadline)  # those of a replaced cluster, left by a revoke
 
 
 async def _end(tasks: list[asyncio.Task[None]], deadline: float) -> None:

@@ -66,8 +66,8 @@ class RelaySettings(SettingsGroup):
         default=15.0,
         gt=0,
         description="How often the reconciler (`producers/outbox/reconciler.py`) compares "
-        "each job's dispatch record position with the broker's log and dispatches again the "
-        "jobs whose record is gone: the bound on how long such a job waits.",
+        "each job's dispatch record position with the broker's cluster id and offsets and "
+        "dispatches again the jobs whose record is gone: the bound on how long such a job waits.",
     )
     reconcile_running_after_s: float = Field(
         default=900.0,

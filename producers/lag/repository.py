@@ -122,9 +122,9 @@ class LagRepository:
         return Reading(ends_of, committed, int(row.unpublished), opened, tally=taken)
 
     def _open(self, committed: Mapping[int, int]) -> ScalarSelect[Any]:
-        """Per partition, the jobs not yet ended whose record of this log lies at or past the
-        commit point, as one JSON object (the open jobs are found by index: ix_jobs_state or
-        the partial ix_jobs_dispatch_position)."""
+        """Per partition, the jobs not yet ended whose record (in the cluster of the recorded
+        end) lies at or past the commit point, as one JSON object (the open jobs are found by
+        index: ix_jobs_state or the partial ix_jobs_dispatch_position)."""
         points = (
             func.unnest(
                 literal(list(committed), ARRAY(Integer())),
@@ -154,7 +154,7 @@ class LagRepository:
                 of_pool(self._topic, self._first),
                 jobs.c.dispatch_offset.is_not(None),
                 jobs.c.dispatch_offset >= points.c.offset,
-                jobs.c.dispatch_log.is_not_distinct_from(partition_ends.c.log),
+                jobs.c.dispatch_cluster_id.is_not_distinct_from(partition_ends.c.cluster_id),
             )
             .group_by(jobs.c.dispatch_partition)
             .subquery("open_counts")

@@ -1,4 +1,4 @@
-"""What the outbox's relay, reconciler and log reader read of the settings: where the
+"""What the outbox's relay, reconciler and topic view reader read of the settings: where the
 broker and the database are, the Kafka group (topics, the worker group, the broker's
 abilities) and the relay's own group."""
 

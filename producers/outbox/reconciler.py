@@ -1,8 +1,8 @@
 """The reconciler: finds jobs whose dispatch record is gone and dispatches them again.
 
-The relay records where the broker put each job's newest dispatch record: the log (the
-broker cluster's id), the partition and the offset. Every ``reconcile_interval_s`` the
-reconciler reads the broker's view of the dispatch topic (``LogReader``: cluster id; first,
+The relay records where the broker put each job's newest dispatch record: the broker
+cluster's id, the partition and the offset. Every ``reconcile_interval_s`` the reconciler
+reads the broker's view of the dispatch topic (``TopicViewReader``: cluster id; first,
 end and worker-group committed offset per partition), asks the store for the jobs whose
 record that view takes for gone, reads the view again, and keeps those both views take for
 gone (the rule: ``producers.outbox.rule``).
@@ -13,7 +13,8 @@ new record makes a new attempt that fences the old one). The new dispatch record
 the outbox like any other, conditional on the position still being the one judged.
 
 A pass whose first view is the one of the last pass, which found no suspect, less than
-``QUIET_S`` ago, asks PostgreSQL nothing: with the broker's log, ends and commit points
+``QUIET_S`` ago, asks PostgreSQL nothing: with the broker's cluster id, first offsets, ends
+and commit points
 unchanged no record can have gone since, and no job been dispatched (the relay would have
 moved an end). Only a running job's age can make a new suspect: it waits ``QUIET_S`` more
 at most, against ``reconcile_running_after_s``.
@@ -34,15 +35,15 @@ from plumbing.retry import outage, wait_first
 from producers.metrics import RECONCILED
 from producers.outbox import rule
 from producers.outbox.config import OutboxConfig
-from producers.outbox.rule import LogView, Lost, Position
+from producers.outbox.rule import Lost, Position, TopicView
 
 log = logging.getLogger(__name__)
 
 
-class LogSource(Protocol):
-    """What reads the broker's view of the dispatch topic (``LogReader``)."""
+class TopicViewSource(Protocol):
+    """What reads the broker's view of the dispatch topic (``TopicViewReader``)."""
 
-    async def read(self) -> LogView: ...
+    async def read(self) -> TopicView: ...
 
     async def close(self) -> None: ...
 
@@ -51,23 +52,25 @@ class ReconcilerStore(Protocol):
     """The reconciler's queries (``OutboxStore``)."""
 
     async def reset_ends(
-        self, log: str | None = None, ends: dict[int, int] | None = None
+        self, cluster_id: str | None = None, ends: dict[int, int] | None = None
     ) -> int: ...
 
     async def suspects(
-        self, view: LogView, *, partitions: int, running_since: datetime
+        self, view: TopicView, *, partitions: int, running_since: datetime
     ) -> Mapping[str, tuple[Position, bool]]: ...
 
     async def redispatch_lost(self, lost: Lost) -> int: ...
 
 
 class Reconciler:
-    def __init__(self, config: OutboxConfig, store: ReconcilerStore, reader: LogSource) -> None:
+    def __init__(
+        self, config: OutboxConfig, store: ReconcilerStore, reader: TopicViewSource
+    ) -> None:
         self._relay = config.relay
         self._partitions = config.kafka.partitions
         self._store = store
         self._reader = reader
-        self._quiet: tuple[LogView, float] | None = None  # a view with no suspect, when
+        self._quiet: tuple[TopicView, float] | None = None  # a view with no suspect, when
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
@@ -107,16 +110,19 @@ class Reconciler:
             log.warning("reconciler: %d jobs had lost their dispatch record; sent again", done)
         return done
 
-    def _unchanged(self, view: LogView) -> bool:
+    def _unchanged(self, view: TopicView) -> bool:
         """The view of the last pass, which found no suspect less than QUIET_S ago."""
         quiet = self._quiet
         return quiet is not None and quiet[0] == view and time.monotonic() - quiet[1] < QUIET_S
 
-    async def _fix_ends(self, view: LogView) -> None:
-        """Recorded partition ends of another log would keep the lag huge (the new log's
-        commit points start again at zero): replace them with this log's."""
-        if view.log is None:
+    async def _fix_ends(self, view: TopicView) -> None:
+        """Recorded partition ends of another cluster would keep the lag huge (the new
+        cluster's commit points start again at zero): replace them with this cluster's."""
+        if view.cluster_id is None:
             return
-        void = await self._store.reset_ends(view.log, view.end)
+        void = await self._store.reset_ends(view.cluster_id, view.end)
         if void:
-            log.warning("reconciler: the broker's log is new (%s); partition ends reset", view.log)
+            log.warning(
+                "reconciler: the broker's cluster id is new (%s); partition ends reset",
+                view.cluster_id,
+            )

@@ -7,7 +7,7 @@ rows in id order, waits for the broker's acknowledgement of every record, and on
 the rows published. A crash between the two re-publishes; workers treat a repeated dispatch
 record as a redelivery, never as a second job. A row the API or a worker publishes at once
 (``plumbing.publish_at_once``) is the relay's only once its ``publish_after`` has passed:
-when it was not published and recorded by then. Where records went, with their log:
+when it was not published and recorded by then. Where records went, with their cluster id:
 ``plumbing.publisher``.
 """
 

@@ -1,5 +1,5 @@
 """The outbox's SQL: publishing rows (the relay), recording where each dispatch record lies,
-finding the jobs whose record the broker's log no longer holds, and dispatching a job again
+finding the jobs whose record the broker no longer holds, and dispatching a job again
 when its record is gone (the reconciler, ``sluicegate up``)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from plumbing.db import transaction
 from plumbing.lock_store import locking_in_order
 from plumbing.published_store import Acked, OutboxRow, Published, record
-from producers.outbox.rule import LogView, Lost, Position
+from producers.outbox.rule import Lost, Position, TopicView
 from schemas.envelopes import DispatchEnvelope
 from schemas.jobs import estimate_tokens
 from schemas.states import JobState
@@ -85,7 +85,7 @@ async def redispatch(conn: AsyncConnection, topic: str, which: ColumnElement[boo
             .where(which, jobs.c.state.in_(UNSTARTED_OR_RUNNING))
             .values(
                 dispatch_topic=topic,
-                dispatch_log=None,
+                dispatch_cluster_id=None,
                 dispatch_partition=None,
                 dispatch_offset=None,
             )
@@ -189,14 +189,16 @@ class OutboxStore:
             )
         return RelayRound(published=len(rows), deferred=len(found) - len(rows))
 
-    async def reset_ends(self, log: str | None = None, ends: dict[int, int] | None = None) -> int:
-        """Void the recorded ends that are not of ``log`` (all of them without ``log``) and
-        put ``ends`` (that log's) in their place; the relay records ends again as it
+    async def reset_ends(
+        self, cluster_id: str | None = None, ends: dict[int, int] | None = None
+    ) -> int:
+        """Void the recorded ends that are not of ``cluster_id`` (all of them without one)
+        and put ``ends`` (that cluster's) in their place; the relay records ends again as it
         publishes. Returns how many were void."""
         topic = self._dispatch_topic
         void = partition_ends.c.topic == topic
-        if log is not None:
-            void = and_(void, partition_ends.c.log.is_distinct_from(log))
+        if cluster_id is not None:
+            void = and_(void, partition_ends.c.cluster_id.is_distinct_from(cluster_id))
         async with transaction(self._engine) as conn:
             gone = (
                 (
@@ -216,7 +218,7 @@ class OutboxStore:
                             "topic": topic,
                             "partition": p,
                             "end_offset": ends.get(p, 0),
-                            "log": log,
+                            "cluster_id": cluster_id,
                             "updated_at": now,
                         }
                         for p in gone
@@ -226,31 +228,31 @@ class OutboxStore:
 
     async def redispatch_unfinished(self) -> int:
         """A dispatch record for every job that has not ended: for a broker known to have
-        lost its whole log (the embedded one keeps it in memory)."""
+        lost all its records (the embedded one keeps them in memory)."""
         async with transaction(self._engine) as conn:
             done = await redispatch(conn, self._dispatch_topic, self._pool)
         return len(done)
 
     async def suspects(
-        self, view: LogView, *, partitions: int, running_since: datetime
+        self, view: TopicView, *, partitions: int, running_since: datetime
     ) -> dict[str, tuple[Position, bool]]:
-        """Jobs whose record ``view`` takes for gone (``LogView.gone``, in SQL): id →
+        """Jobs whose record ``view`` takes for gone (``TopicView.gone``, in SQL): id →
         (position, started). A ``running`` job only once it started before
         ``running_since``."""
         per_partition = []
         for p in range(partitions):
-            # Offsets that cannot be in the log: before its first, at or past its end, and
-            # (not started only) before the group's commit point.
-            out_of_log = [jobs.c.dispatch_offset < view.first.get(p, 0)]
+            # Offsets that cannot be in the partition: before its first, at or past its end,
+            # and (not started only) before the group's commit point.
+            out_of_range = [jobs.c.dispatch_offset < view.first.get(p, 0)]
             if view.exact_end:
-                out_of_log.append(jobs.c.dispatch_offset >= view.end.get(p, 0))
+                out_of_range.append(jobs.c.dispatch_offset >= view.end.get(p, 0))
             skipped = and_(
                 jobs.c.state == JobState.DISPATCHED.value,
                 jobs.c.dispatch_offset < view.committed.get(p, 0),
             )
-            per_partition.append(and_(jobs.c.dispatch_partition == p, or_(*out_of_log, skipped)))
+            per_partition.append(and_(jobs.c.dispatch_partition == p, or_(*out_of_range, skipped)))
         gone = or_(
-            jobs.c.dispatch_log.is_distinct_from(view.log),
+            jobs.c.dispatch_cluster_id.is_distinct_from(view.cluster_id),
             *per_partition,
         )
         startable = or_(
@@ -263,7 +265,7 @@ class OutboxStore:
                     select(
                         jobs.c.id,
                         jobs.c.state,
-                        jobs.c.dispatch_log,
+                        jobs.c.dispatch_cluster_id,
                         jobs.c.dispatch_partition,
                         jobs.c.dispatch_offset,
                     ).where(
@@ -277,7 +279,7 @@ class OutboxStore:
             ).all()
         return {
             str(r.id): (
-                (r.dispatch_log, r.dispatch_partition, r.dispatch_offset),
+                (r.dispatch_cluster_id, r.dispatch_partition, r.dispatch_offset),
                 r.state == JobState.RUNNING.value,
             )
             for r in rows
@@ -286,7 +288,9 @@ class OutboxStore:
     async def redispatch_lost(self, lost: Lost) -> int:
         """A new dispatch record for each of ``lost`` whose position is still the one judged
         gone, in one transaction; returns how many got one."""
-        position = tuple_(jobs.c.dispatch_log, jobs.c.dispatch_partition, jobs.c.dispatch_offset)
+        position = tuple_(
+            jobs.c.dispatch_cluster_id, jobs.c.dispatch_partition, jobs.c.dispatch_offset
+        )
         which = or_(*(and_(jobs.c.id == job_id, position == at) for job_id, at in lost))
         async with transaction(self._engine) as conn:
             ids = await redispatch(conn, self._dispatch_topic, which)

@@ -184,7 +184,7 @@ async def _redispatch(stack: Stack) -> None:
         for pool in Pools(stack.settings):
             store = OutboxStore(db, dispatch_topic=pool.topic, first=pool.first)
             stack.redispatched += await store.redispatch_unfinished()
-            await store.reset_ends()  # the recorded partition ends index the lost log too
+            await store.reset_ends()  # the recorded ends are of the old cluster too
     finally:
         await db.dispose()
 

@@ -43,12 +43,12 @@ async def test_the_broker_killed_mid_load_comes_back_on_its_log(
         async with serve(own, db) as api:
             ids = await submit(api, 24, **job)
             await until(db, ids, lambda s: running(s) >= 2, 90)
-            log_before = broker.cluster_id()
+            cluster_before = broker.cluster_id()
             broker.kill()  # SIGKILL: no controlled shutdown, no flush
             ids += await submit(api, 6, **job)  # the API needs only PostgreSQL
             await asyncio.sleep(2.0)  # the relay and the workers meet a dead broker
             await broker.restart()
-            assert broker.cluster_id() == log_before  # the same log, not a new one
+            assert broker.cluster_id() == cluster_before  # the same cluster, not a new one
             await until(db, ids, all_ended, 180)
         for role in (relay, *workers):
             assert role.process.poll() is None, role.output()[-2000:]

@@ -34,7 +34,7 @@ async def test_broker_killed_between_accept_and_dispatch(
         accepted = await pipeline.submit(10)  # the API needs only PostgreSQL
         await asyncio.sleep(1.0)  # the relay fails to publish meanwhile
         # What `sluicegate up` does when its embedded broker dies: stop the relay and the
-        # workers (their positions index the lost log, and a client that reconnects first
+        # workers (their positions index the old cluster, and a client that reconnects first
         # makes Tansu auto-create a topic with defaults, which serves no fetches), start a
         # new broker, create the topics, then start them again. The accepted jobs wait in
         # the outbox meanwhile.

@@ -1,4 +1,3 @@
-
 """No deadlock on job rows: several workers, the relay, the reconciler and batch cancels on
 one database and broker, over thousands of jobs, with every statement that locks several
 job rows taking them in one order (``plumbing.db.locking_in_order``).
@@ -20,10 +19,10 @@ from plumbing.db import make_engine
 from plumbing.settings import Settings
 from producers.batches.repository import BatchStore
 from producers.outbox.config import OutboxConfig
-from producers.outbox.log import LogReader
 from producers.outbox.reconciler import Reconciler
 from producers.outbox.relay import OutboxRelay
 from producers.outbox.repository import OutboxStore, dispatch_row
+from producers.outbox.topic_view import TopicViewReader
 from schemas.batches import BatchTerminal
 from schemas.states import JobState
 from schemas.tables import jobs, outbox
@@ -111,7 +110,7 @@ async def test_workers_relay_reconciler_and_batch_cancels_never_deadlock(
         asyncio.create_task(OutboxRelay(config, store).run(stop), name="relay-1"),
         asyncio.create_task(OutboxRelay(config, store).run(stop), name="relay-2"),
         asyncio.create_task(
-            Reconciler(config, store, LogReader(config.bootstrap, config.kafka)).run(stop),
+            Reconciler(config, store, TopicViewReader(config.bootstrap, config.kafka)).run(stop),
             name="reconciler",
         ),
         *(

@@ -43,7 +43,7 @@ async def laid_out(db: AsyncEngine, settings: Settings) -> tuple[str, str, str, 
         await conn.execute(text("DELETE FROM outbox"))
         await conn.execute(text("DELETE FROM jobs"))
         stored = [
-            {**r, "held": False, "state": "dispatched", "dispatch_log": "log-1"}
+            {**r, "held": False, "state": "dispatched", "dispatch_cluster_id": "cluster-1"}
             | {"dispatch_partition": 0, "dispatch_offset": i}
             for i, r in enumerate(reversed(rows))
         ]
@@ -56,7 +56,7 @@ async def laid_out(db: AsyncEngine, settings: Settings) -> tuple[str, str, str, 
 
 
 async def relay(db: AsyncEngine, settings: Settings, batch_id: str, a: str, b: str) -> object:
-    log = await cluster_id(settings.require_kafka())
+    cluster = await cluster_id(settings.require_kafka())
     producer = make_producer(
         settings.require_kafka(), idempotent=settings.kafka_idempotent_producer
     )
@@ -64,7 +64,10 @@ async def relay(db: AsyncEngine, settings: Settings, batch_id: str, a: str, b: s
 
     async def publish(rows: list[OutboxRow]) -> list[Acked]:
         sent = [await producer.send_and_wait(r.topic, r.payload, key=r.key.encode()) for r in rows]
-        return [Acked(topic=s.topic, partition=s.partition, offset=s.offset, log=log) for s in sent]
+        return [
+            Acked(topic=s.topic, partition=s.partition, offset=s.offset, cluster_id=cluster)
+            for s in sent
+        ]
 
     try:
         return await OutboxStore(db, dispatch_topic=settings.dispatch_topic).publish_batch(
@@ -86,14 +89,14 @@ async def reconciler(db: AsyncEngine, settings: Settings, batch_id: str, a: str,
             await conn.execute(
                 select(
                     jobs.c.id,
-                    jobs.c.dispatch_log,
+                    jobs.c.dispatch_cluster_id,
                     jobs.c.dispatch_partition,
                     jobs.c.dispatch_offset,
                 ).where(jobs.c.id.in_([b, a]))
             )
         ).all()
     positions = {
-        str(r.id): (r.dispatch_log, r.dispatch_partition, r.dispatch_offset) for r in found
+        str(r.id): (r.dispatch_cluster_id, r.dispatch_partition, r.dispatch_offset) for r in found
     }
     lost = [(b, positions[b]), (a, positions[a])]
     return await OutboxStore(db, dispatch_topic=settings.dispatch_topic).redispatch_lost(lost)

@@ -171,3 +171,35 @@ async def test_big_columns_are_lz4_where_the_server_has_it_and_default_after_dow
         assert set((await _compression(conn)).values()) == {""}
     finally:
         await conn.close()
+
+
+async def test_the_cluster_id_columns_keep_their_values_up_and_down(empty_database: str) -> None:
+    """0022 renames ``jobs.dispatch_log`` and ``partition_ends.log`` to ``dispatch_cluster_id``
+    and ``cluster_id``; what they held stays, and the downgrade renames them back."""
+    await migrate.upgrade_async(empty_database, "0021")
+    conn = await asyncpg.connect(libpq_url(empty_database))
+    try:
+        await conn.execute(
+            "INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline, "
+            "dispatch_log, dispatch_partition, dispatch_offset) VALUES (gen_random_uuid(), 't', "
+            "'complete', 'dispatched', 'normal', 'x', 10, now() + interval '1 hour', 'C', 0, 0)"
+        )
+        await conn.execute(
+            "INSERT INTO partition_ends (topic, partition, end_offset, log) VALUES ('d', 0, 1, 'C')"
+        )
+    finally:
+        await conn.close()
+    await migrate.upgrade_async(empty_database)
+    conn = await asyncpg.connect(libpq_url(empty_database))
+    try:
+        assert await conn.fetchval("SELECT dispatch_cluster_id FROM jobs") == "C"
+        assert await conn.fetchval("SELECT cluster_id FROM partition_ends") == "C"
+    finally:
+        await conn.close()
+    await asyncio.to_thread(migrate.downgrade, empty_database, "0021")
+    conn = await asyncpg.connect(libpq_url(empty_database))
+    try:
+        assert await conn.fetchval("SELECT dispatch_log FROM jobs") == "C"
+        assert await conn.fetchval("SELECT log FROM partition_ends") == "C"
+    finally:
+        await conn.close()

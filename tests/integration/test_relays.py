@@ -184,7 +184,7 @@ async def test_a_relay_that_dies_holding_rows_loses_none(
 ) -> None:
     ids = await add_jobs(db, settings, 100)
     sent, hang = asyncio.Event(), asyncio.Event()
-    log = await cluster_id(settings.require_kafka())
+    cluster = await cluster_id(settings.require_kafka())
 
     async def publish_half_then_hang(rows: list[OutboxRow]) -> list[Acked]:
         producer = make_producer(settings.require_kafka(), idempotent=False)
@@ -196,7 +196,7 @@ async def test_a_relay_that_dies_holding_rows_loses_none(
             await producer.stop()
         sent.set()
         await hang.wait()  # never: the process dies here
-        return [Acked(topic="", partition=0, offset=0, log=log)]
+        return [Acked(topic="", partition=0, offset=0, cluster_id=cluster)]
 
     dying = asyncio.create_task(
         OutboxStore(db, dispatch_topic=settings.dispatch_topic).publish_batch(

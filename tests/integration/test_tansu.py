@@ -1,7 +1,7 @@
 """The fallback broker, Tansu (`sluicegate up` where Java is missing), with its workarounds:
 no idempotent producer, no exact end offsets. The pipeline runs end to end with two static
 members as `up` starts them, the lag is read through the admin API as on Apache Kafka, and
-the reconciler reads the log without taking a trailing end for a lost record. Its memory
+the reconciler reads the dispatch topic without taking a trailing end for a lost record. Its memory
 loss is covered with Apache Kafka's lost disk (the ``lossy_broker`` tests)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.settings import Settings
 from producers.lag.kafka import KafkaLagSource
-from producers.outbox.log import LogReader
+from producers.outbox.topic_view import TopicViewReader
 from producers.service import run_relay
 from tests.integration.pipeline import Pipeline, open_pipeline
 from workers.service import run_worker
@@ -52,7 +52,7 @@ async def test_the_pipeline_runs_on_tansu(pipeline: Pipeline, db: AsyncEngine) -
         group_id=s.consumer_group,
         partitions=s.partitions,
     )
-    reader = LogReader(s.require_kafka(), s.kafka)
+    reader = TopicViewReader(s.require_kafka(), s.kafka)
     try:
         async with asyncio.timeout(15):
             while sum((await source.committed()).values()) < 20:
@@ -63,4 +63,4 @@ async def test_the_pipeline_runs_on_tansu(pipeline: Pipeline, db: AsyncEngine) -
         await reader.close()
     assert sum(view.committed.values()) == 20
     assert not view.exact_end  # Tansu's end may trail: never taken for a lost record
-    assert view.log is not None
+    assert view.cluster_id is not None

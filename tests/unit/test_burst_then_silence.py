@@ -23,7 +23,7 @@ from producers.lag.estimate import LagEstimate
 from producers.outbox import rule
 from producers.outbox.config import OutboxConfig
 from producers.outbox.reconciler import Reconciler
-from producers.outbox.rule import LogView, Position
+from producers.outbox.rule import Position, TopicView
 from tests.support.loops import running, within
 
 SLACK_S = 2.0  # a loaded machine's delays: the bounds are liveness, not speed
@@ -43,11 +43,11 @@ class Broker:
     """The dispatch topic as the reconciler's ``LogSource`` reads it: ``view`` until it is
     changed."""
 
-    def __init__(self, view: LogView) -> None:
+    def __init__(self, view: TopicView) -> None:
         self.view = view
         self.reads = 0
 
-    async def read(self) -> LogView:
+    async def read(self) -> TopicView:
         self.reads += 1
         return self.view
 
@@ -57,7 +57,7 @@ class Broker:
 
 class Positions:
     """The jobs' recorded dispatch positions, as the reconciler's store: a suspect is a job
-    whose record the view takes for gone (the rule its SQL applies, ``LogView.gone``; no job
+    whose record the view takes for gone (the rule its SQL applies, ``TopicView.gone``; no job
     started); a job dispatched again gets a record at its partition's end, as the relay
     publishes it, so the broker's next view shows it. ``during_query`` runs in each query,
     after the suspects were found (what the broker does meanwhile)."""
@@ -69,11 +69,13 @@ class Positions:
         self.again: list[str] = []
         self.during_query: Callable[[], None] = lambda: None
 
-    async def reset_ends(self, log: str | None = None, ends: dict[int, int] | None = None) -> int:
+    async def reset_ends(
+        self, cluster_id: str | None = None, ends: dict[int, int] | None = None
+    ) -> int:
         return 0
 
     async def suspects(
-        self, view: LogView, *, partitions: int, running_since: datetime
+        self, view: TopicView, *, partitions: int, running_since: datetime
     ) -> dict[str, tuple[Position, bool]]:
         self.queries += 1
         found = {j: (p, False) for j, p in self.positions.items() if view.gone(p, started=False)}
@@ -86,7 +88,7 @@ class Positions:
             view = self.broker.view
             _, partition, _ = at
             end = view.end[partition]
-            self.positions[job_id] = (view.log, partition, end)
+            self.positions[job_id] = (view.cluster_id, partition, end)
             self.broker.view = replace(view, end={**view.end, partition: end + 1})
             self.again.append(job_id)
         return len(lost)
@@ -94,8 +96,8 @@ class Positions:
 
 def in_the_log(per_partition: int) -> tuple[Broker, Positions]:
     """Every partition holds ``per_partition`` records, one job's each, none consumed."""
-    view = LogView(
-        log="A",
+    view = TopicView(
+        cluster_id="A",
         first=dict.fromkeys(range(3), 0),
         end=dict.fromkeys(range(3), per_partition),
         exact_end=True,

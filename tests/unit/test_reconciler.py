@@ -1,5 +1,5 @@
 """When the reconciler takes a dispatch record for gone, which suspects it dispatches again,
-and its pass over a fake log and store (no I/O)."""
+and its pass over a fake broker view and store (no I/O)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from plumbing.settings import Settings
 from producers.outbox import rule
 from producers.outbox.config import OutboxConfig
 from producers.outbox.reconciler import Reconciler
-from producers.outbox.rule import LogView, Position
+from producers.outbox.rule import Position, TopicView
 
-VIEW = LogView(log="A", first={0: 10}, end={0: 50}, exact_end=True, committed={0: 30})
+VIEW = TopicView(cluster_id="A", first={0: 10}, end={0: 50}, exact_end=True, committed={0: 30})
 
 
 @pytest.mark.parametrize(
     ("position", "started", "gone"),
     [
-        (("A", 0, 40), False, False),  # waiting in the log, after the commit point
+        (("A", 0, 40), False, False),  # waiting in the partition, after the commit point
         (("A", 0, 40), True, False),
-        (("B", 0, 40), False, True),  # written to another log
+        (("B", 0, 40), False, True),  # written to another cluster
         (("B", 0, 40), True, True),
         ((None, 0, 40), False, True),
         (("A", 0, 9), True, True),  # before the first offset: retention took it
@@ -37,20 +37,25 @@ def test_gone(position: tuple[str | None, int, int], started: bool, gone: bool) 
 
 
 def test_an_inexact_end_is_not_evidence() -> None:
-    tansu = LogView(log="A", first={0: 0}, end={0: 1}, exact_end=False, committed={0: 0})
+    tansu = TopicView(cluster_id="A", first={0: 0}, end={0: 1}, exact_end=False, committed={0: 0})
     assert not tansu.gone(("A", 0, 5), started=False)
 
 
 def test_a_suspect_is_lost_only_if_the_second_view_agrees() -> None:
-    before = LogView(log="A", first={0: 10}, end={0: 50}, exact_end=True, committed={0: 30})
-    after = LogView(log="A", first={0: 0}, end={0: 60}, exact_end=True, committed={0: 30})
+    before = TopicView(
+        cluster_id="A", first={0: 10}, end={0: 50}, exact_end=True, committed={0: 30}
+    )
+    after = TopicView(cluster_id="A", first={0: 0}, end={0: 60}, exact_end=True, committed={0: 30})
     suspects = {
-        "published-meanwhile": (("A", 0, 55), False),  # past the end before, in the log after
+        "published-meanwhile": (("A", 0, 55), False),  # past the end before, in the partition after
         "retention": (("A", 0, 5), True),  # before the first offset in one view only
         "skipped": (("A", 0, 20), False),  # the group committed past it: both agree
-        "other-log": (("B", 0, 40), True),
+        "other-cluster": (("B", 0, 40), True),
     }
-    assert rule.lost(suspects, after) == [("skipped", ("A", 0, 20)), ("other-log", ("B", 0, 40))]
+    assert rule.lost(suspects, after) == [
+        ("skipped", ("A", 0, 20)),
+        ("other-cluster", ("B", 0, 40)),
+    ]
     assert rule.lost({}, before) == []
 
 
@@ -69,12 +74,12 @@ def test_lost_jobs_go_in_chunks() -> None:
 class Views:
     """A LogSource that answers the views given, in turn."""
 
-    def __init__(self, *views: LogView) -> None:
+    def __init__(self, *views: TopicView) -> None:
         self.views = list(views)
         self.reads = 0
         self.closed = False
 
-    async def read(self) -> LogView:
+    async def read(self) -> TopicView:
         self.reads += 1
         return self.views.pop(0)
 
@@ -89,15 +94,17 @@ class Store:
         self.found = suspects
         self.void = void
         self.resets: list[tuple[str | None, dict[int, int] | None]] = []
-        self.asked: list[tuple[LogView, int, datetime]] = []
+        self.asked: list[tuple[TopicView, int, datetime]] = []
         self.redispatched: list[rule.Lost] = []
 
-    async def reset_ends(self, log: str | None = None, ends: dict[int, int] | None = None) -> int:
-        self.resets.append((log, ends))
+    async def reset_ends(
+        self, cluster_id: str | None = None, ends: dict[int, int] | None = None
+    ) -> int:
+        self.resets.append((cluster_id, ends))
         return self.void
 
     async def suspects(
-        self, view: LogView, *, partitions: int, running_since: datetime
+        self, view: TopicView, *, partitions: int, running_since: datetime
     ) -> dict[str, tuple[Position, bool]]:
         self.asked.append((view, partitions, running_since))
         return self.found
@@ -133,13 +140,13 @@ async def test_only_what_both_views_take_for_gone_is_sent_again() -> None:
     assert store.redispatched == [[("skipped", ("A", 0, 20))]]
 
 
-async def test_the_ends_of_another_log_are_reset_to_this_ones() -> None:
+async def test_the_ends_of_another_cluster_are_reset_to_this_ones() -> None:
     store = Store({}, void=2)
     await Reconciler(CONFIG, store, Views(VIEW)).once()
     assert store.resets == [("A", {0: 50})]
     nameless = Store({})
-    await Reconciler(CONFIG, nameless, Views(replace(VIEW, log=None))).once()
-    assert nameless.resets == []  # a view that names no log cannot tell
+    await Reconciler(CONFIG, nameless, Views(replace(VIEW, cluster_id=None))).once()
+    assert nameless.resets == []  # a view that names no cluster id cannot tell
 
 
 async def test_run_closes_its_reader() -> None:

@@ -1,7 +1,7 @@
 """A revoke while the worker's consumer claims a batch: the claimed jobs are started and end
-like the others (none left ``running`` for nobody), and when the broker's log was replaced
-meanwhile (a broker that lost its data), the jobs running here run to their end and no
-offset of the lost log is committed to the new one. A commit the broker refuses (a stale
+like the others (none left ``running`` for nobody), and when the broker's cluster id changed
+meanwhile (a broker whose data was replaced), the jobs running here run to their end and no
+offset of the old cluster is committed to the new one. A commit the broker refuses (a stale
 member epoch in a rebalance) is made again, though no other job ends."""
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ async def _revoke_during_claim(
     return running, revoke
 
 
-async def test_after_the_log_was_replaced_a_job_claimed_during_the_revoke_runs_to_its_end(
+async def test_after_the_cluster_was_replaced_a_job_claimed_during_the_revoke_runs_to_its_end(
     cluster: dict[str, str],
 ) -> None:
     worker, fake, executor = _worker()
@@ -173,17 +173,17 @@ async def test_after_the_log_was_replaced_a_job_claimed_during_the_revoke_runs_t
     cluster["id"] = "new"  # the broker restarted empty while the claim was under way
     executor.claim_done.set()
     await asyncio.wait_for(revoke, 5)
-    assert worker.running == 1  # started, not dropped: its record is gone with the old log
+    assert worker.running == 1  # started, not dropped: its record is gone with the old cluster
     executor.job_done.set()
     while worker.running:
         await asyncio.sleep(0.01)
     assert executor.ended == [JOB]
     stop.set()
     await asyncio.wait_for(running, 5)
-    assert fake.commits == []  # offset 8 indexes the lost log: never committed to the new one
+    assert fake.commits == []  # offset 8 indexes the old cluster: never committed to the new one
 
 
-async def test_on_the_same_log_a_job_claimed_during_the_revoke_ends_before_the_commit(
+async def test_in_the_same_cluster_a_job_claimed_during_the_revoke_ends_before_the_commit(
     cluster: dict[str, str],
 ) -> None:
     worker, fake, executor = _worker()

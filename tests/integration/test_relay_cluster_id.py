@@ -1,7 +1,7 @@
-"""The relay records each dispatch record with the log that acknowledged it: a producer that
-outlives the broker (it reconnects by itself to one that came back empty, with a new cluster
-id) must not record the new records against the lost log, or the reconciler would take them
-for gone and send them again, pass after pass."""
+"""The relay records each dispatch record with the id of the cluster that acknowledged it: a
+producer that outlives the broker (it reconnects by itself to one that came back empty, with a
+new cluster id) must not record the new records against the old id, or the reconciler would
+take them for gone and send them again, pass after pass."""
 
 from __future__ import annotations
 
@@ -19,15 +19,17 @@ from tests.integration.pipeline import open_pipeline, relay_only
 from tests.support.brokers import on_broker, restart_on_a_lost_log
 
 
-async def dispatch_log(settings: Settings, job_id: str, within_s: float = 30) -> str:
-    """The log recorded with the job's dispatch record, once the relay published it."""
+async def dispatch_cluster_id(settings: Settings, job_id: str, within_s: float = 30) -> str:
+    """The cluster id recorded with the job's dispatch record, once the relay published it."""
     db = make_engine(settings.require_database_url(), pool_size=1)
     try:
         async with asyncio.timeout(within_s):
             while True:
                 async with db.connect() as conn:
                     found = (
-                        await conn.execute(select(jobs.c.dispatch_log).where(jobs.c.id == job_id))
+                        await conn.execute(
+                            select(jobs.c.dispatch_cluster_id).where(jobs.c.id == job_id)
+                        )
                     ).scalar()
                 if found is not None:
                     return str(found)
@@ -36,7 +38,7 @@ async def dispatch_log(settings: Settings, job_id: str, within_s: float = 30) ->
         await db.dispose()
 
 
-async def test_a_producer_that_outlived_the_broker_records_the_new_log(
+async def test_a_producer_that_outlived_the_broker_records_the_new_cluster_id(
     settings: Settings, lossy_broker: ApacheKafka | TansuBroker
 ) -> None:
     broker = lossy_broker
@@ -45,12 +47,12 @@ async def test_a_producer_that_outlived_the_broker_records_the_new_log(
     async for pipeline in open_pipeline(own):
         pipeline.start(relay_only)
         [first] = await pipeline.submit(1)
-        assert await dispatch_log(own, first) == await cluster_id(broker.bootstrap)
+        assert await dispatch_cluster_id(own, first) == await cluster_id(broker.bootstrap)
 
         broker.kill()  # the relay is idle: its producer sees nothing of it
         await restart_on_a_lost_log(broker)
         await ensure_topics(broker.bootstrap, own.topic_partitions())
-        new_log = await cluster_id(broker.bootstrap)
+        new_id = await cluster_id(broker.bootstrap)
         # Apache Kafka's restart outlasts the lag's staleness bound: refused until read again.
         [second] = await pipeline.submit_admitted(1)
-        assert await dispatch_log(own, second) == new_log
+        assert await dispatch_cluster_id(own, second) == new_id

@@ -1,5 +1,5 @@
-"""The reconciler's reader of the broker's dispatch log: cluster id, and first, end and
-worker-group committed offset per partition, as a LogView."""
+"""The reconciler's reader of the broker's dispatch topic: the cluster id, and first, end and
+worker-group committed offset per partition, as a TopicView."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from aiokafka.errors import KafkaError
 
 from plumbing.kafka import ClusterIdReader, GroupReader
 from plumbing.settings.kafka import KafkaSettings
-from producers.outbox.rule import LogView
+from producers.outbox.rule import TopicView
 
 
-class LogReader:
-    """Reads a LogView: first and end offsets with a consumer that never joins a group, the
+class TopicViewReader:
+    """Reads a TopicView: first and end offsets with a consumer that never joins a group, the
     worker group's commit points through the admin API (``GroupReader``)."""
 
     def __init__(self, bootstrap: str, kafka: KafkaSettings) -> None:
@@ -20,7 +20,7 @@ class LogReader:
         self._reader = GroupReader(bootstrap, kafka.consumer_group)
         self._cluster_ids = ClusterIdReader(bootstrap)
 
-    async def read(self) -> LogView:
+    async def read(self) -> TopicView:
         s = self._kafka
         consumer = await self._reader.consumer()
         parts = [TopicPartition(s.dispatch_topic, p) for p in range(s.partitions)]
@@ -32,8 +32,8 @@ class LogReader:
         except (KafkaError, OSError):
             await self.close()
             raise
-        return LogView(
-            log=found,
+        return TopicView(
+            cluster_id=found,
             first={tp.partition: o for tp, o in first.items()},
             end={tp.partition: o for tp, o in end.items()},
             exact_end=s.kafka_exact_end_offsets,
