@@ -169,15 +169,23 @@ class UnitOfWork:
         self._waiting = []
         return unit
 
-    async def alone(self, write: Write[T], *, in_transaction: bool = False) -> T:
+    async def alone(
+        self, write: Write[T], *, in_transaction: bool = False, on: AsyncEngine | None = None
+    ) -> T:
         """``write`` in a unit of its own (with the published records waiting): one
-        statement on an autocommit connection, or ``in_transaction``."""
+        statement on an autocommit connection, or ``in_transaction``; on a connection of
+        ``on`` (by default the unit of work's engine)."""
         unit = Unit(self)
+        engine = on or self.engine
         if in_transaction:
-            async with unit.settling(), transaction(self.engine) as conn:
+            async with unit.settling(), transaction(engine) as conn:
                 await unit.run(conn)
                 return await write(unit)
-        async with unit.settling(), self._autocommit.connect() as conn:
+        if on is not None:
+            engine = on.execution_options(isolation_level="AUTOCOMMIT")
+        else:
+            engine = self._autocommit
+        async with unit.settling(), engine.connect() as conn:
             await unit.run(conn)
             return await write(unit)
 
@@ -188,12 +196,13 @@ class UnitOfWork:
         locks: Sequence[str] = (),
         undo: Callable[[], None] | None = None,
         in_transaction: bool = False,
+        alone_on: AsyncEngine | None = None,
     ) -> T:
         """``write``'s result once a transaction that ran it committed; alone (see
-        ``alone``) when none took it within ``linger_s``."""
+        ``alone``, on ``alone_on``) when none took it within ``linger_s``."""
         waiting = _JoinedWrite(write, undo, locks, asyncio.get_running_loop().create_future())
         if self.linger_s <= 0 or time.monotonic() < self.slow_until.get(waiting.kind, 0.0):
-            return await self.alone(write, in_transaction=in_transaction)
+            return await self.alone(write, in_transaction=in_transaction, on=alone_on)
         self._waiting.append(waiting)
         try:
             result = await asyncio.wait_for(asyncio.shield(waiting.done), self.linger_s)
@@ -201,7 +210,7 @@ class UnitOfWork:
             if waiting in self._waiting and (self._lock is None or len(self._waiting) == 1):
                 self._waiting.remove(waiting)  # no transaction came: alone
                 JOINED.labels(outcome="alone").inc()
-                return await self.alone(write, in_transaction=in_transaction)
+                return await self.alone(write, in_transaction=in_transaction, on=alone_on)
             if waiting in self._waiting:  # it carries the others waiting
                 await self._together(self.take())
             result = await waiting.done  # taken: its transaction is ending
@@ -211,7 +220,7 @@ class UnitOfWork:
             raise
         if result is _ALONE:
             JOINED.labels(outcome="alone").inc()
-            return await self.alone(write, in_transaction=in_transaction)
+            return await self.alone(write, in_transaction=in_transaction, on=alone_on)
         JOINED.labels(outcome="joined").inc()
         return cast(T, result)
 
@@ -227,8 +236,9 @@ class UnitOfWork:
 async def joining(
     work: UnitOfWork | None, engine: AsyncEngine, run: Callable[[AsyncConnection], Awaitable[T]]
 ) -> T:
-    """``run`` joining ``work``'s next transaction (alone, see ``UnitOfWork.alone``), or on
-    a connection of ``engine`` when there is no unit of work."""
+    """``run`` joining ``work``'s next transaction, or on a connection of ``engine`` when
+    there is no unit of work or no transaction took it (the unit of work's own connections
+    are its carriers', such as the API's few for its groups of submits)."""
     if work is None:
         async with engine.connect() as conn:
             return await run(conn)
@@ -237,4 +247,4 @@ async def joining(
         return await run(unit.connection)
 
     write.__qualname__ = getattr(run, "__qualname__", "joining")
-    return await work.join(write)
+    return await work.join(write, alone_on=engine)

@@ -74,7 +74,7 @@ async def test_nothing_heard_and_nothing_unpublished_reuses_the_last_statement(
             first.unpublished,
             first.open,
         )
-        assert again.mark == 7  # what was admitted since the statement counts as unseen
+        assert again.tally == 7  # what was admitted since the statement counts as unseen
 
         async with db.begin() as conn:  # a submit: its outbox row's NOTIFY is heard
             await conn.execute(
@@ -82,7 +82,7 @@ async def test_nothing_heard_and_nothing_unpublished_reuses_the_last_statement(
             )
         activity.touch()
         seen = await source.read(lambda: 10)
-        assert (source.pg_reads, seen.unpublished, seen.mark) == (2, 1, 10)
+        assert (source.pg_reads, seen.unpublished, seen.tally) == (2, 1, 10)
         await source.read()  # an unpublished row may be published without a notice
         assert source.pg_reads == 3
     finally:
