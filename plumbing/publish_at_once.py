@@ -75,10 +75,10 @@ class AtOncePublisher:
         self._running = True
         try:
             while not stop.is_set():
-                added = self._work.published_added
-                await wait_first(stop, self._wake, added, limit_s=self._wait_s())
+                returned = self._work.published_returned
+                await wait_first(stop, self._wake, returned, limit_s=self._wait_s())
                 self._wake.clear()
-                self._work.published_added.clear()
+                returned.clear()
                 if self._pending:
                     await self._send()
                 if self._unconfirmed and time.monotonic() - self._confirmed_at >= CONFIRM_S:

@@ -139,7 +139,7 @@ class UnitOfWork:
         self._waiting: list[_JoinedWrite] = []
         self._published: list[Published] = []
         self.published_since: float | None = None  # when the oldest record waiting came
-        self.published_added = asyncio.Event()
+        self.published_returned = asyncio.Event()
         self.slow_until: dict[str, float] = {}  # by kind: runs alone until then
 
     @property
@@ -152,12 +152,14 @@ class UnitOfWork:
 
     def add_published(self, records: Sequence[Published], *, first: bool = False) -> None:
         """Records of rows published, to be written by the next statement that takes them
-        (``first``: given back by a statement that failed)."""
+        (``first``: given back by a statement that failed, which ``published_returned``
+        tells the publisher, whose own records it knows of)."""
         if records:
             before, after = (records, self._published) if first else (self._published, records)
             self._published = [*before, *after]
             self.published_since = self.published_since or time.monotonic()
-            self.published_added.set()
+            if first:
+                self.published_returned.set()
 
     def published_taken(self) -> list[Published]:
         taken, self._published, self.published_since = self._published, [], None
