@@ -9,16 +9,17 @@ from datetime import UTC
 from typing import Any
 
 import uuid_utils
-from sqlalchemy import CTE, BigInteger, column, select, text, tuple_
+from sqlalchemy import select, tuple_
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from plumbing.db import transaction
 from plumbing.publish_at_once import AtOncePublisher
-from plumbing.published_store import RECORDING, OutboxRow, cte
+from plumbing.published_store import OutboxRow
 from plumbing.published_store import params as recorded
 from plumbing.unit_of_work import Unit, UnitOfWork
+from producers.jobs.submit_store import SUBMIT, SUBMIT_RECORDING
 from schemas.envelopes import DispatchEnvelope
 from schemas.errors import IdempotencyConflict, SluicegateError
 from schemas.jobs import Job, NewJob, estimate_tokens, job_from_row
@@ -27,65 +28,6 @@ from schemas.tables import jobs
 
 # A job as stored, and whether this submit created it (False: an idempotent replay).
 Stored = tuple[Job, bool]
-
-
-# Single submits, grouped: the jobs and their dispatch records in one statement. A job whose
-# (tenant, idempotency key) is taken already is skipped, and so is its record (the join);
-# its answer is read after. Keyed rows go in key order, so that two groups that share keys
-# take their locks in the same order (no deadlock); the records go in submission order.
-_GROUP: tuple[CTE, ...] = (
-    cte(
-        "given",
-        """SELECT * FROM unnest(
-        CAST(:ids AS uuid[]), CAST(:tenants AS text[]), CAST(:kinds AS text[]),
-        CAST(:priorities AS text[]), CAST(:inputs AS text[]), CAST(:max_tokens AS int[]),
-        CAST(:deadlines AS timestamptz[]), CAST(:callback_urls AS text[]),
-        CAST(:keys AS text[]), CAST(:hashes AS text[]),
-        CAST(:abandon_on_disconnect AS boolean[]), CAST(:abandon_after_s AS float8[]),
-        CAST(:params AS text[]), CAST(:payloads AS bytea[]), CAST(:topics AS text[])
-    ) WITH ORDINALITY AS t(id, tenant, kind, priority, input, max_tokens, deadline,
-                           callback_url, idempotency_key, request_hash,
-                           abandon_on_disconnect, abandon_after_s, params, payload, topic, n)""",
-    ),
-    cte(
-        "new_jobs",
-        """INSERT INTO jobs (id, tenant, kind, state, priority, input, max_tokens, deadline,
-                      callback_url, idempotency_key, request_hash, abandon_on_disconnect,
-                      abandon_after_s, params, dispatch_topic)
-    SELECT id, tenant, kind, 'queued', priority, input, max_tokens, deadline, callback_url,
-           idempotency_key, request_hash, abandon_on_disconnect, abandon_after_s,
-           CAST(params AS jsonb), topic
-    FROM given
-    ORDER BY tenant, idempotency_key, n
-    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, deadline, created_at, updated_at, last_seen_at, attempt""",
-    ),
-    cte(
-        "new_outbox",
-        """INSERT INTO outbox (topic, key, payload, publish_after)
-    SELECT given.topic, CAST(given.id AS text), given.payload,
-           now() + CAST(:grace_s AS float8) * interval '1 second'
-    FROM given JOIN new_jobs ON new_jobs.id = given.id
-    ORDER BY given.n
-    RETURNING id, key""",
-    ),
-)
-_STORED = text(
-    """SELECT new_jobs.id, deadline, created_at, updated_at, last_seen_at, attempt,
-       new_outbox.id AS outbox_id
-FROM new_jobs LEFT JOIN new_outbox ON new_outbox.key = CAST(new_jobs.id AS text)"""
-).columns(
-    jobs.c.id,
-    jobs.c.deadline,
-    jobs.c.created_at,
-    jobs.c.updated_at,
-    jobs.c.last_seen_at,
-    jobs.c.attempt,
-    column("outbox_id", BigInteger()),
-)
-SUBMIT = _STORED.add_cte(*_GROUP)
-# With the records of the rows this API published at once (``plumbing.published_store``).
-SUBMIT_RECORDING = _STORED.add_cte(*_GROUP, *RECORDING)
 
 
 def _json(value: dict[str, Any] | None) -> str | None:

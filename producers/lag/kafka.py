@@ -21,8 +21,8 @@ from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.activity import QUIET_S, Activity
-from plumbing.kafka import GroupReader
 from plumbing.unit_of_work import UnitOfWork
+from producers.lag.group_reader import GroupReader
 from producers.lag.repository import LagRepository, Share
 from producers.lag.rule import Reading
 

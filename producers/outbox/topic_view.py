@@ -6,8 +6,9 @@ from __future__ import annotations
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from plumbing.kafka import ClusterIdReader, GroupReader
+from plumbing.kafka import ClusterIdReader
 from plumbing.settings.kafka import KafkaSettings
+from producers.lag.group_reader import GroupReader
 from producers.outbox.rule import TopicView
 
 

@@ -11,11 +11,12 @@ from producers import service
 from sluicegate import migrate
 from sluicegate.local import model as models
 from sluicegate.process import configure_logging, run_until_signal
+from workers.engines.build import build_sim_engine
 from workers.engines.errors import EngineError
 from workers.engines.llamacpp import server as llamacpp_server
 from workers.engines.sim import server as sim_server
 from workers.group.threaded_consumer import ProtocolUnsupported
-from workers.service import build_sim_engine, run_worker
+from workers.service import run_worker
 from workers.webhooks.process import run_webhooks
 
 ROLES = {"llama-server": "llama"}

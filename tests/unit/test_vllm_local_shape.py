@@ -58,7 +58,7 @@ def test_the_module_imports_without_vllm(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_the_worker_builds_it_without_starting_it() -> None:
     from plumbing.settings import Settings
-    from workers.service import build_engine
+    from workers.engines.build import build_engine
 
     built = build_engine("vllm_local", Settings(vllm_model="facebook/opt-125m").engines)
     assert isinstance(built, VllmLocalEngine)
