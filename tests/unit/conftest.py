@@ -6,11 +6,13 @@ tests/contract or tests/integration."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Generator
+from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 
 import pytest
 import pytest_socket
+
+from workers.engines.sim.engine import SimEngine
 
 HERE = Path(__file__).resolve().parent
 # pytest-socket also warns; with warnings as errors that warning would replace its error.
@@ -41,3 +43,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(BLOCKED_WARNING)
+
+
+@pytest.fixture
+async def small_sim() -> AsyncIterator[SimEngine]:
+    """A simulated engine of 100 blocks and 8 sequences that takes no time: the pull gates'
+    tests measure against it."""
+    sim = SimEngine(num_blocks=100, max_num_seqs=8, time_scale=0.0)
+    await sim.start()
+    yield sim
+    await sim.close()

@@ -5,8 +5,6 @@ engine's sequence cap or the prefill cap say; and a worker is built with it by c
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from benchmarks.lib.greedy import GATES, GreedyGate
@@ -20,11 +18,8 @@ from workers.service import build_gate
 
 
 @pytest.fixture
-async def engine() -> AsyncIterator[SimEngine]:
-    sim = SimEngine(num_blocks=100, max_num_seqs=8, time_scale=0.0)
-    await sim.start()
-    yield sim
-    await sim.close()
+def engine(small_sim: SimEngine) -> SimEngine:
+    return small_sim
 
 
 async def test_greedy_gate_ignores_the_cache(engine: SimEngine) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from schemas.jobs import JobKind
@@ -15,11 +13,8 @@ from workers.kv import ExpectedOutput
 
 
 @pytest.fixture
-async def engine() -> AsyncIterator[SimEngine]:
-    sim = SimEngine(num_blocks=100, max_num_seqs=8, time_scale=0.0)
-    await sim.start()
-    yield sim
-    await sim.close()
+def engine(small_sim: SimEngine) -> SimEngine:
+    return small_sim
 
 
 async def test_kv_policy_starts_only_what_the_cache_holds(engine: SimEngine) -> None:
