@@ -128,7 +128,7 @@ class ClusterIdReader:
             try:
                 await admin.start()
             except BaseException:
-                await _close_admin(admin)
+                await close_admin(admin)
                 raise
             self._admin = admin
         try:
@@ -140,10 +140,11 @@ class ClusterIdReader:
     async def close(self) -> None:
         admin, self._admin = self._admin, None
         if admin is not None:
-            await _close_admin(admin)
+            await close_admin(admin)
 
 
-async def _close_admin(admin: AIOKafkaAdminClient) -> None:
+async def close_admin(admin: AIOKafkaAdminClient) -> None:
+    """Close an admin client; a failure to close is logged, not raised."""
     try:
         await admin.close()
     except (KafkaError, OSError) as exc:

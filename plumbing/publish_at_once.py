@@ -11,7 +11,7 @@ their own.
 
 Such a row is stored with ``publish_after`` ``grace_s`` ahead: until then the relay leaves
 it alone. A row not sent (the broker down, too many waiting, the process stopping) or not
-marked by then is the relay's, which publishes it again if it was sent: a repeated record,
+recorded by then is the relay's, which publishes it again if it was sent: a repeated record,
 which a worker takes as a redelivery and the webhook dispatcher as the same event.
 """
 
@@ -117,7 +117,7 @@ class AtOncePublisher:
             Published(row=r, acked=a, dispatch=r.topic in dispatch)
             for r, a in zip(rows, acked, strict=True)
         ]
-        if self._publisher.dispatches(rows):
+        if any(r.dispatch for r in records):
             self._unconfirmed += records
         else:
             self._work.add_published(records)

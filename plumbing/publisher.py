@@ -13,17 +13,15 @@ batch whose id changed fails, and a new producer publishes it again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from plumbing.kafka import (
     LINGER_MS,
+    ClusterIdReader,
     close_client,
-    described_cluster_id,
     ensure_topics,
     make_producer,
 )
@@ -53,7 +51,7 @@ class Publisher:
     def __init__(self, target: Target) -> None:
         self._target = target
         self._producer: AIOKafkaProducer | None = None
-        self._admin: AIOKafkaAdminClient | None = None  # reads the cluster id
+        self._cluster: ClusterIdReader | None = None
         self._cluster_id: str | None = None  # the broker cluster's id the records go to
 
     async def connect(self) -> AIOKafkaProducer:
@@ -62,10 +60,8 @@ class Publisher:
         if self._producer is None:
             t = self._target
             await ensure_topics(t.bootstrap, t.topics, replication_factor=t.replication_factor)
-            admin = AIOKafkaAdminClient(bootstrap_servers=t.bootstrap, request_timeout_ms=10_000)
-            self._admin = admin
-            await admin.start()
-            self._cluster_id = await described_cluster_id(admin)
+            self._cluster = ClusterIdReader(t.bootstrap)
+            self._cluster_id = await self._cluster.read()
             producer = make_producer(t.bootstrap, idempotent=t.idempotent, linger_ms=t.linger_ms)
             try:
                 await producer.start()
@@ -81,10 +77,9 @@ class Publisher:
         producer, self._producer = self._producer, None
         if producer is not None:
             await close_client(producer)
-        admin, self._admin = self._admin, None
-        if admin is not None:
-            with contextlib.suppress(KafkaError, OSError):
-                await admin.close()
+        cluster, self._cluster = self._cluster, None
+        if cluster is not None:
+            await cluster.close()
 
     async def publish(self, rows: list[OutboxRow], *, check_cluster: bool = True) -> list[Acked]:
         """Send ``rows`` in order and wait for every acknowledgement (``send_timeout_s``).
@@ -116,9 +111,9 @@ class Publisher:
     async def same_cluster(self) -> None:
         """Raise ClusterReplaced unless the broker still has the cluster id read at connect
         (a broker of a new id acknowledged the batch, or may have)."""
-        if self._admin is None:
+        if self._cluster is None:
             raise ClusterReplaced("not connected")
-        found = await described_cluster_id(self._admin)
+        found = await self._cluster.read()
         if found != self._cluster_id:
             raise ClusterReplaced(
                 f"the broker's cluster id changed ({self._cluster_id} -> {found})"

@@ -30,11 +30,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+from sqlalchemy import Executable
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from plumbing.db import transaction
 from plumbing.metrics import JOINED
 from plumbing.published_store import Published
+from plumbing.published_store import params as recorded
 
 T = TypeVar("T")
 
@@ -52,11 +54,7 @@ class _JoinedWrite:
     undo: Callable[[], None] | None
     locks: Sequence[str]
     done: asyncio.Future[Any]
-
-    @property
-    def kind(self) -> str:
-        """What it writes (its function): a slow one runs alone for a while."""
-        return str(getattr(self.write, "__qualname__", ""))
+    kind: str  # what it writes (its function's name): a slow one runs alone for a while
 
 
 @dataclass(eq=False)
@@ -88,6 +86,16 @@ class Unit:
         self._published += taken
         self.carried = self.carried or bool(taken)
         return taken
+
+    def recording(
+        self, plain: Executable, recording: Executable, params: dict[str, Any]
+    ) -> tuple[Executable, dict[str, Any]]:
+        """The statement to run: ``plain``, or ``recording`` (``plain`` with
+        ``published_store.RECORDING``) when published records wait, taken for it."""
+        records = self.take_published()
+        if not records:
+            return plain, params
+        return recording, {**params, **recorded(records)}
 
     @asynccontextmanager
     async def settling(self) -> AsyncIterator[Unit]:
@@ -178,16 +186,9 @@ class UnitOfWork:
         statement on an autocommit connection, or ``in_transaction``; on a connection of
         ``on`` (by default the unit of work's engine)."""
         unit = Unit(self)
-        engine = on or self.engine
-        if in_transaction:
-            async with unit.settling(), transaction(engine) as conn:
-                await unit.run(conn)
-                return await write(unit)
-        if on is not None:
-            engine = on.execution_options(isolation_level="AUTOCOMMIT")
-        else:
-            engine = self._autocommit
-        async with unit.settling(), engine.connect() as conn:
+        engine = on or self._autocommit
+        opened = transaction(engine) if in_transaction else engine.connect()
+        async with unit.settling(), opened as conn:
             await unit.run(conn)
             return await write(unit)
 
@@ -199,10 +200,13 @@ class UnitOfWork:
         undo: Callable[[], None] | None = None,
         in_transaction: bool = False,
         alone_on: AsyncEngine | None = None,
+        kind: str | None = None,
     ) -> T:
         """``write``'s result once a transaction that ran it committed; alone (see
-        ``alone``, on ``alone_on``) when none took it within ``linger_s``."""
-        waiting = _JoinedWrite(write, undo, locks, asyncio.get_running_loop().create_future())
+        ``alone``, on ``alone_on``) when none took it within ``linger_s``. ``kind``: what
+        it writes (by default its function's name)."""
+        done = asyncio.get_running_loop().create_future()
+        waiting = _JoinedWrite(write, undo, locks, done, kind or write.__qualname__)
         if self.linger_s <= 0 or time.monotonic() < self.slow_until.get(waiting.kind, 0.0):
             return await self.alone(write, in_transaction=in_transaction, on=alone_on)
         self._waiting.append(waiting)
@@ -248,5 +252,4 @@ async def joining(
     async def write(unit: Unit) -> T:
         return await run(unit.connection)
 
-    write.__qualname__ = getattr(run, "__qualname__", "joining")
-    return await work.join(write, alone_on=engine)
+    return await work.join(write, alone_on=engine, kind=run.__qualname__)

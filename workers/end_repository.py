@@ -15,7 +15,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from plumbing.publish_at_once import AtOncePublisher
 from plumbing.published_store import RECORDING, OutboxRow, cte
-from plumbing.published_store import params as recorded
 from plumbing.unit_of_work import Unit, UnitOfWork
 from schemas.envelopes import JobEvent
 from schemas.states import JobState
@@ -114,13 +113,7 @@ class EndRepository:
         }
 
         async def write(unit: Unit) -> int | None:
-            records = unit.take_published()
-            if records:
-                found = await unit.connection.scalar(
-                    FINISH_RECORDING, {**params, **recorded(records)}
-                )
-            else:
-                found = await unit.connection.scalar(FINISH, params)
+            found = await unit.connection.scalar(*unit.recording(FINISH, FINISH_RECORDING, params))
             return None if found is None else int(found)
 
         event_id = await self._work.join(write, locks=[job.id])

@@ -17,7 +17,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from plumbing.db import transaction
 from plumbing.publish_at_once import AtOncePublisher
 from plumbing.published_store import OutboxRow
-from plumbing.published_store import params as recorded
 from plumbing.unit_of_work import Unit, UnitOfWork
 from producers.jobs.submit_store import SUBMIT, SUBMIT_RECORDING
 from schemas.envelopes import DispatchEnvelope
@@ -187,15 +186,11 @@ class SubmitRepository:
         written again alone, unless its connection broke (its outcome is not known); what
         had joined it runs alone."""
         unit = self.work.take()
+        opened = transaction(self._autocommit) if unit.writes else self._autocommit.connect()
         try:
-            async with unit.settling():
-                if unit.writes:
-                    async with transaction(self._autocommit) as conn:
-                        await unit.run(conn)
-                        return await self._on(unit, group, ids, params)
-                async with self._autocommit.connect() as conn:
-                    await unit.run(conn)
-                    return await self._on(unit, group, ids, params)
+            async with unit.settling(), opened as conn:
+                await unit.run(conn)
+                return await self._on(unit, group, ids, params)
         except DBAPIError as exc:
             if exc.connection_invalidated or isinstance(exc, InterfaceError):
                 raise
@@ -210,11 +205,7 @@ class SubmitRepository:
     ) -> tuple[dict[Any, Row[Any]], dict[tuple[str, str | None], tuple[Job, str | None]]]:
         """The group written on ``unit``'s connection, recording the rows published at once
         since the last statement, and the jobs first stored under the keys it replays."""
-        records = unit.take_published()
-        if records:
-            found = await unit.connection.execute(SUBMIT_RECORDING, {**params, **recorded(records)})
-        else:
-            found = await unit.connection.execute(SUBMIT, params)
+        found = await unit.connection.execute(*unit.recording(SUBMIT, SUBMIT_RECORDING, params))
         return await self._answers(unit.connection, list(found.all()), group, ids)
 
     async def _answers(

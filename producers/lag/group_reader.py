@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from plumbing.kafka import close_client
+from plumbing.kafka import close_admin, close_client
 from plumbing.retry import retriable_broker_error, retrying
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,4 @@ class GroupReader:
         if consumer is not None:
             await close_client(consumer)
         if admin is not None:
-            try:
-                await admin.close()
-            except KafkaError as exc:
-                log.warning("closing a Kafka admin client: %r", exc)
+            await close_admin(admin)
