@@ -17,11 +17,10 @@ import psutil
 from confluent_kafka.admin import AdminClient
 
 from benchmarks.lib.costs.observer import Observer
-from benchmarks.lib.costs.windows import Servers, preload_statements
+from benchmarks.lib.costs.windows import Servers
+from benchmarks.lib.costs.windows import servers as costs_servers
 from benchmarks.lib.long_text import long_document
-from benchmarks.lib.stack import alter_system, make_broker
 from schemas.jobs import JobKind
-from sluicegate.local.embedded import EmbeddedPostgres
 from workers.engines.base import GenerationRequest
 from workers.engines.sim.engine import SimEngine
 from workers.engines.sim.tokens import count_tokens
@@ -159,17 +158,8 @@ async def ideal_map_s(
 @asynccontextmanager
 async def servers(directory: Path) -> AsyncIterator[Servers]:
     """Embedded PostgreSQL (pg_stat_statements, room for 16 workers) and broker."""
-    pg = EmbeddedPostgres(directory / "pg")
-    broker = make_broker(directory)
-    try:
-        await asyncio.to_thread(pg.start)
-        await alter_system(pg, "max_connections", str(MAX_CONNECTIONS))
-        await preload_statements(pg)
-        await broker.start()
-        yield Servers(pg.admin_url, broker.bootstrap, pg.data_dir, broker)
-    finally:
-        broker.stop()
-        await asyncio.to_thread(pg.stop)
+    async with costs_servers(directory, max_connections=MAX_CONNECTIONS) as found:
+        yield found
 
 
 def document(tokens: int) -> str:

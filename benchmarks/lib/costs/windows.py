@@ -77,13 +77,18 @@ async def preload_statements(pg: EmbeddedPostgres) -> None:
 
 
 @asynccontextmanager
-async def servers(directory: Path) -> AsyncIterator[Servers]:
-    """Embedded PostgreSQL (with pg_stat_statements) and broker: this benchmark reads their
-    processes, so it does not take SLUICEGATE_BENCH_DATABASE_URL / SLUICEGATE_BENCH_KAFKA."""
+async def servers(
+    directory: Path, max_connections: int | None = None
+) -> AsyncIterator[Servers]:
+    """Embedded PostgreSQL (with pg_stat_statements; ``max_connections`` if given) and
+    broker: the benchmarks that read their processes start their own, so they do not take
+    SLUICEGATE_BENCH_DATABASE_URL / SLUICEGATE_BENCH_KAFKA."""
     pg = EmbeddedPostgres(directory / "pg")
     broker = make_broker(directory)
     try:
         await asyncio.to_thread(pg.start)
+        if max_connections is not None:
+            await alter_system(pg, "max_connections", str(max_connections))
         await preload_statements(pg)
         await broker.start()
         yield Servers(pg.admin_url, broker.bootstrap, pg.data_dir, broker)
