@@ -309,6 +309,12 @@ class Executor:
                 job, drop.state, error=drop.error("decode"), decoded_tokens=decoded
             ):
                 return True
+        if running.state is not None and not running.state.terminal:
+            self.fenced.add(
+                "job %s attempt %d was fenced off mid-decode: taken over elsewhere",
+                job.id,
+                job.attempt,
+            )
         await self._retrying(lambda: self._repo.record_decoded(job, decoded))
         return running.state is not None and running.state.terminal
 
