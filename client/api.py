@@ -14,7 +14,10 @@ from typing import Any, TypeVar
 
 import httpx
 
+from client.channel import MAX_BODY, NotRead, SubmitChannel
 from client.coalesce import BulkRefused, Coalescer, JobAnswer, encoded
+from client.errors import ApiError as ApiError
+from client.errors import Unreachable as Unreachable
 from schemas import constants
 from schemas.api import JobList, JobView, SubmitResponse
 from schemas.batches import BatchList, BatchView
@@ -25,39 +28,6 @@ from schemas.webhooks import DeliveryDetail
 
 T = TypeVar("T")
 _JSON = {"Content-Type": "application/json"}
-
-# Refusals a retry cannot turn into a success: the deadline stays where it is.
-FINAL_CODES = frozenset({"deadline_unreachable"})
-
-
-class Unreachable(Exception):
-    """The API did not answer: nothing listens at the URL, or the connection broke."""
-
-    def __init__(self, base_url: str, exc: httpx.TransportError) -> None:
-        cause = str(exc) or type(exc).__name__
-        super().__init__(f"cannot reach the Sluicegate API at {base_url} ({cause})")
-        self.base_url = base_url
-
-
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        retry_after_s: float | None = None,
-        details: list[Any] | None = None,
-    ) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.retry_after_s = retry_after_s
-        self.details = details or []  # the error's details: a refused batch's bad lines
-
-    @property
-    def retriable(self) -> bool:
-        return self.status in (429, 503) and self.code not in FINAL_CODES
 
 
 def _retry_after_s(answer: JobAnswer, body: Any) -> float | None:
@@ -156,10 +126,13 @@ class AsyncClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_wait: Callable[[ApiError, float], None] | None = None,
         coalesce: bool = True,
+        channel: bool | None = None,
     ) -> None:
         """``on_wait(refusal, seconds)`` is called before each retry's wait, so a caller
         can say what it waits for. ``coalesce``: concurrent ``submit()`` calls share
-        requests (``client.coalesce``); each still gets its own answer."""
+        requests (``client.coalesce``); each still gets its own answer. ``channel``: a
+        submit sent alone goes over the API's submit channel (``client.channel``), not
+        as a request of its own; by default, unless ``transport`` is given."""
         headers = {constants.HEADER_TENANT: tenant} if tenant else {}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -171,6 +144,9 @@ class AsyncClient:
         self._on_wait = on_wait
         self.base_url = base_url
         self._coalescer = Coalescer(self._submit_one, self._submit_many) if coalesce else None
+        if channel is None:
+            channel = transport is None
+        self._channel = SubmitChannel(base_url, headers, timeout_s) if channel else None
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
@@ -192,6 +168,8 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
         await self._http.aclose()
 
     async def submit(
@@ -236,6 +214,12 @@ class AsyncClient:
         return answer
 
     async def _submit_one(self, body: bytes) -> JobAnswer:
+        on = self._channel
+        if on is not None and not on.refused and len(body) <= MAX_BODY:
+            try:
+                return await on.submit(body)
+            except NotRead:
+                pass  # the server stopped before it read the job: by HTTP, to whoever answers
         try:
             return _answer(await self._http.post("/v1/jobs", content=body, headers=_JSON))
         except httpx.TransportError as exc:

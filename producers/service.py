@@ -17,7 +17,9 @@ from plumbing.logs import uvicorn_log_config
 from plumbing.metrics import serve as serve_metrics
 from plumbing.pools import Pools
 from plumbing.settings import Settings
+from producers.api import channel
 from producers.api.app import create_app
+from producers.api.server import ApiServer, serve_processes
 from producers.outbox.config import OutboxConfig
 from producers.outbox.reconciler import Reconciler
 from producers.outbox.relay import OutboxRelay
@@ -50,8 +52,9 @@ def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
 
 
 def serve_api(settings: Settings, *, processes: int = 1) -> None:
-    """Serve the API; uvicorn drains in-flight requests on SIGTERM, and cuts requests still
-    open after ``api_shutdown_timeout_s`` (long-polls and ?wait= submits hold theirs).
+    """Serve the API, in ``processes`` processes on one socket. On SIGTERM the submit
+    channels answer what they read, then in-flight requests are answered; those still open
+    after ``api_shutdown_timeout_s`` are cut (long-polls and ?wait= submits hold theirs).
 
     After its drain, uvicorn gives the signal back to the handler it found; the default one
     would kill the drained process (exit -15), so ours exits 0.
@@ -61,28 +64,26 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
     settings.require_kafka()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_cleanly)
-    if processes > 1:
-        uvicorn.run(
-            "producers.service:app_from_env",
-            factory=True,
-            host=settings.api_host,
-            port=settings.api_port,
-            workers=processes,
-            log_level=settings.log_level.lower(),
-            log_config=uvicorn_log_config(),
-            limit_concurrency=settings.api_max_connections,
-            timeout_graceful_shutdown=settings.api_shutdown_timeout_s,
-        )
-        return
-    uvicorn.run(
-        gc_frozen(create_app(settings)),
+    app: FastAPI | str = "producers.service:app_from_env"
+    if processes == 1:
+        app = gc_frozen(create_app(settings))
+    config = uvicorn.Config(
+        app,
+        factory=processes > 1,
         host=settings.api_host,
         port=settings.api_port,
         log_level=settings.log_level.lower(),
         log_config=uvicorn_log_config(),
         limit_concurrency=settings.api_max_connections,
         timeout_graceful_shutdown=settings.api_shutdown_timeout_s,
+        ws_max_size=2 * settings.api.max_body_bytes + channel.FRAME_OVERHEAD,
     )
+    if processes == 1:
+        ApiServer(config).run()
+        return
+    status = serve_processes(config, processes)
+    if status:
+        raise SystemExit(status)
 
 
 async def run_relay(settings: Settings, stop: asyncio.Event) -> None:

@@ -12,6 +12,7 @@ from producers.admission.limits import BodyLimit
 from producers.api import (
     batches,
     bulk,
+    channel,
     completions,
     documents,
     errors,
@@ -55,6 +56,7 @@ def create_app(
     # single submit is the busiest of them.
     app.include_router(jobs.router)
     app.include_router(bulk.router)
+    app.include_router(channel.router)
     app.include_router(health.router)
     app.include_router(batches.router)
     app.include_router(files.router)

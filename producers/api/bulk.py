@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from starlette.requests import HTTPConnection
 
 from plumbing.settings.api import ApiSettings
 from producers.api import openapi
@@ -60,14 +61,14 @@ async def submit_bulk(
         raise InvalidRequest(f"{len(body.jobs)} jobs is over the limit of {api.max_bulk_jobs}")
     now = datetime.now(UTC)
     answers = await asyncio.gather(
-        *(_one(request, job, tenant, api, pools, groups, now) for job in body.jobs)
+        *(answer_of(request, job, tenant, api, pools, groups, now) for job in body.jobs)
     )
     content = json.dumps({"object": "list", "data": answers}, separators=(",", ":"))
     return Response(content, media_type="application/json")
 
 
-async def _one(
-    request: Request,
+async def answer_of(
+    conn: HTTPConnection,
     raw: Any,
     tenant: str,
     api: ApiSettings,
@@ -75,6 +76,8 @@ async def _one(
     groups: GroupCommit,
     now: datetime,
 ) -> dict[str, Any]:
+    """What ``POST /v1/jobs`` would answer for the job ``raw``: its status, JSON body and
+    the headers of a single submit's answer (a bulk request's item, a channel's frame)."""
     try:
         try:
             body = SubmitJob.model_validate(raw)
@@ -84,7 +87,7 @@ async def _one(
         new = new_job(body, tenant=tenant, header_key=None, now=now, api=api)
         job, created = await admitted(pools, groups, new, now)
     except Exception as exc:
-        answer = await answer_for(request, exc)
+        answer = await answer_for(conn, exc)
         if answer is None:
             raise
         headers = {k: v for k, v in answer.headers.items() if k in _HEADERS}

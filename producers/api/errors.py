@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException
+from starlette.requests import HTTPConnection
 
 from plumbing.retry import transient_error
 from producers.admission.limits import BodyTooLarge, RequestTimeout
@@ -199,12 +200,13 @@ _HANDLERS: tuple[tuple[type[Exception], Any], ...] = (
 )
 
 
-async def answer_for(request: Request, exc: Exception) -> JSONResponse | None:
+async def answer_for(conn: HTTPConnection, exc: Exception) -> JSONResponse | None:
     """What the handlers ``install`` registers answer ``exc`` with (None: not one they
-    handle), for a route that answers for many requests in one (``POST /v1/jobs/bulk``)."""
+    handle), for a route that answers for many requests in one (``POST /v1/jobs/bulk``, a
+    submit channel's frames)."""
     for exc_type, handler in _HANDLERS:
         if isinstance(exc, exc_type):
-            answer: JSONResponse = await handler(request, exc)
+            answer: JSONResponse = await handler(conn, exc)
             return answer
     return None
 

@@ -34,12 +34,15 @@ async def serve(settings: Settings, db: AsyncEngine) -> AsyncIterator[httpx.Asyn
 
 
 @contextlib.asynccontextmanager
-async def serving(app: FastAPI) -> AsyncIterator[int]:
-    """The app under a real uvicorn on a free local port (its lifespan included)."""
+async def serving(
+    app: FastAPI, server_type: type[uvicorn.Server] = uvicorn.Server, **options: Any
+) -> AsyncIterator[int]:
+    """The app under a real uvicorn on a free local port (its lifespan included);
+    ``options``: more of uvicorn's ``Config``."""
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, lifespan="on", log_config=None, access_log=False
+        app, host="127.0.0.1", port=0, lifespan="on", log_config=None, access_log=False, **options
     )
-    server = uvicorn.Server(config)
+    server = server_type(config)
     task = asyncio.create_task(server.serve())
     try:
         await until(lambda: server.started or task.done(), within_s=10)
