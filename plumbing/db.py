@@ -10,13 +10,14 @@ that dropped meanwhile is retried by its caller's retry (``plumbing.retry``), wh
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from plumbing.metrics import RETRIES
@@ -66,3 +67,70 @@ async def transaction(
         await conn.execution_options(isolation_level=isolation)
         async with conn.begin():
             yield conn
+
+
+class KeptConnections:
+    """A few connections kept open between statements, for a writer whose statements follow
+    one another: the API's submits.
+
+    Why: taking a connection from SQLAlchemy's pool and giving it back costs more CPU than the
+    submit's statement itself (docs/performance.md), and a lone caller waits for both. Kept
+    open, a connection in autocommit runs each statement as its own transaction, as one taken
+    from the pool does.
+
+    A connection the server closed (a restart, an idle timeout: asyncpg saw its socket close)
+    is dropped before use, without a round trip, as the pool's checkout does; one whose
+    statement failed with its connection broken is dropped after. At most ``keep`` wait for
+    the next statement; more in use at once are opened and closed as needed.
+    """
+
+    def __init__(self, engine: AsyncEngine, *, keep: int) -> None:
+        self._engine = engine
+        self._keep = keep
+        self._idle: list[AsyncConnection] = []
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection]:
+        conn = await self._take()
+        try:
+            yield conn
+        except BaseException as exc:
+            broken = not isinstance(exc, DBAPIError) or exc.connection_invalidated
+            if broken or isinstance(exc, InterfaceError):
+                await _close(conn)  # its state is not known: not kept
+            else:
+                await self._give_back(conn)
+            raise
+        await self._give_back(conn)
+
+    async def _take(self) -> AsyncConnection:
+        while self._idle:
+            conn = self._idle.pop()
+            if _open(conn):
+                return conn
+            await _close(conn)
+        return await self._engine.connect()
+
+    async def _give_back(self, conn: AsyncConnection) -> None:
+        if len(self._idle) < self._keep and _open(conn):
+            self._idle.append(conn)
+        else:
+            await _close(conn)
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await _close(conn)
+
+
+def _open(conn: AsyncConnection) -> bool:
+    """Whether the connection is open as far as asyncpg knows (no round trip)."""
+    if conn.closed or conn.invalidated:
+        return False
+    driver = conn.sync_connection.connection.driver_connection if conn.sync_connection else None
+    return driver is not None and not driver.is_closed()
+
+
+async def _close(conn: AsyncConnection) -> None:
+    with contextlib.suppress(Exception):
+        await conn.close()

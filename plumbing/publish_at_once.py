@@ -27,7 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from plumbing.metrics import AT_ONCE
 from plumbing.published_store import OutboxRow, Published, record
 from plumbing.publisher import Publisher, Target
-from plumbing.retry import wait_first
+from plumbing.retry import forward, wait_first
 from plumbing.settings import Settings
 from plumbing.unit_of_work import Unit, UnitOfWork
 
@@ -73,12 +73,15 @@ class AtOncePublisher:
         """Send what is offered and write the records that waited, until ``stop``; then
         write the records left (what was not sent is the relay's)."""
         self._running = True
+        # What wakes the loop, as one event: an offer, a stop, records given back.
+        wakes = (
+            forward(stop, self._wake),
+            forward(self._work.published_returned, self._wake, again=True),
+        )
         try:
             while not stop.is_set():
-                returned = self._work.published_returned
-                await wait_first(stop, self._wake, returned, limit_s=self._wait_s())
+                await wait_first(self._wake, limit_s=self._wait_s())
                 self._wake.clear()
-                returned.clear()
                 if self._pending:
                     await self._send()
                 if self._unconfirmed and time.monotonic() - self._confirmed_at >= CONFIRM_S:
@@ -87,6 +90,8 @@ class AtOncePublisher:
                 if since is not None and time.monotonic() - since >= self._linger_s:
                     await self._write()
         finally:
+            for wake in wakes:
+                wake.cancel()
             self._running = False
             if self._pending:
                 AT_ONCE.labels(outcome="left_to_relay").inc(len(self._pending))

@@ -25,6 +25,7 @@ unreachable or failing, for the loops that retried any such error before).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -238,10 +239,36 @@ async def in_rounds(
 
 async def wait_first(*events: asyncio.Event, limit_s: float | None = None) -> None:
     """Return when any of the events is set, or after ``limit_s`` seconds (how every loop
-    here waits between its rounds)."""
+    here waits between its rounds). One event is waited for without a task of its own (a
+    busy loop's wait: ``forward`` makes its stop one of its events)."""
+    if any(event.is_set() for event in events):
+        await asyncio.sleep(0)  # a wait still lets the loop run others, as asyncio.wait does
+        return
+    if len(events) == 1:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(limit_s):
+                await events[0].wait()
+        return
     waiters = [asyncio.ensure_future(event.wait()) for event in events]
     try:
         await asyncio.wait(waiters, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for waiter in waiters:
             waiter.cancel()
+
+
+def forward(
+    source: asyncio.Event, target: asyncio.Event, *, again: bool = False
+) -> asyncio.Task[None]:
+    """A task that sets ``target`` once ``source`` is set (``again``: each time, clearing
+    ``source``), so that a loop waits on ``target`` alone; cancel it when the loop ends."""
+
+    async def forwarding() -> None:
+        while True:
+            await source.wait()
+            target.set()
+            if not again:
+                return
+            source.clear()
+
+    return asyncio.create_task(forwarding(), name="forward")

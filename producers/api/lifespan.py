@@ -91,8 +91,11 @@ class Lifespan:
                 for pool in services.pools:  # serve with a reading, not with "unknown"
                     await pool.monitor.refresh()
                 heard = (activity, batch_activity)
-                async with _background(services, db, self.settings.lag_interval_s, heard):
-                    yield
+                try:
+                    async with _background(services, db, self.settings.lag_interval_s, heard):
+                        yield
+                finally:
+                    await services.repo.close()
 
 
 def build(
@@ -118,6 +121,7 @@ def build(
         at_once=at_once_publisher(
             settings, work, topics=pools.topic_partitions(), dispatch_topics=pools.topics()
         ),
+        kept=settings.submit_batch_writers,
     )
     limits = TenantLimits(rpm=settings.tenant_rpm, tpm=settings.tenant_tpm)
     router = PoolRouter(

@@ -31,7 +31,7 @@ from typing import Protocol
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from plumbing.retry import wait_first
+from plumbing.retry import forward, wait_first
 from plumbing.settings.api import ApiSettings
 from producers.jobs.submit_repository import Stored
 from producers.metrics import SUBMIT_GROUP
@@ -109,21 +109,23 @@ class GroupCommit:
         """Take groups and start their writes until ``stop``; then write what is gathered
         and wait for every write to end."""
         loop = asyncio.get_running_loop()
-        while True:
-            self._changed.clear()
-            if self._gathered and len(self._writing) < self._writers:
-                linger = 0.0 if stop.is_set() else self._linger_s(loop.time())
-                if linger <= 0:
-                    self._start(self._take())
+        stopping = forward(stop, self._changed)
+        try:
+            while True:
+                self._changed.clear()
+                if self._gathered and len(self._writing) < self._writers:
+                    linger = 0.0 if stop.is_set() else self._linger_s(loop.time())
+                    if linger <= 0:
+                        self._start(self._take())
+                    else:
+                        await wait_first(self._changed, limit_s=linger)
+                elif not stop.is_set() or self._gathered or self._writing:
+                    await self._changed.wait()  # a submit arrives, a write ends, or stop
                 else:
-                    await wait_first(self._changed, stop, limit_s=linger)
-            elif not stop.is_set():
-                await wait_first(self._changed, stop)
-            elif self._gathered or self._writing:
-                await self._changed.wait()  # a write ends
-            else:
-                self._closed = True
-                return
+                    self._closed = True
+                    return
+        finally:
+            stopping.cancel()
 
     def _linger_s(self, now: float) -> float:
         """How much longer the next group may wait for more submits."""

@@ -76,8 +76,10 @@ class JobRepository(SubmitRepository):
         topic_of: Callable[[str | None], str] | None = None,
         work: UnitOfWork | None = None,
         at_once: AtOncePublisher | None = None,
+        kept: int = 0,
     ) -> None:
-        """``autocommit``, ``topic_of``, ``work``, ``at_once``: see ``SubmitRepository``."""
+        """``autocommit``, ``topic_of``, ``work``, ``at_once``, ``kept``: see
+        ``SubmitRepository``."""
         super().__init__(
             engine,
             dispatch_topic=dispatch_topic,
@@ -85,6 +87,7 @@ class JobRepository(SubmitRepository):
             topic_of=topic_of,
             work=work,
             at_once=at_once,
+            kept=kept,
         )
         self._events_topic = events_topic
 

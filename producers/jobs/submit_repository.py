@@ -14,7 +14,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from plumbing.db import transaction
+from plumbing.db import KeptConnections, transaction
 from plumbing.publish_at_once import AtOncePublisher
 from plumbing.published_store import OutboxRow
 from plumbing.unit_of_work import Unit, UnitOfWork
@@ -105,18 +105,24 @@ class SubmitRepository:
         topic_of: Callable[[str | None], str] | None = None,
         work: UnitOfWork | None = None,
         at_once: AtOncePublisher | None = None,
+        kept: int = 0,
     ) -> None:
         """``autocommit``: an engine of autocommit connections for the submits (one
         statement each, its own transaction); by default, ``engine``'s connections, set to
         autocommit when taken. ``topic_of``: the dispatch topic of a model's pool (by
         default ``dispatch_topic`` for every model). ``work``: the writes that join a
         group's transaction (the periodic readings, the records of rows published at
-        once); ``at_once``: publishes the dispatch records at once."""
+        once); ``at_once``: publishes the dispatch records at once. ``kept``: how many of
+        the submits' connections stay open between statements (``close`` closes them)."""
         self._engine = engine
         self._autocommit = autocommit or engine.execution_options(isolation_level="AUTOCOMMIT")
         self._topic_of = topic_of or (lambda _model: dispatch_topic)
         self.work = work or UnitOfWork(self._autocommit, linger_s=0.0)
         self.at_once = at_once
+        self._kept = KeptConnections(self._autocommit, keep=kept)
+
+    async def close(self) -> None:
+        await self._kept.close()
 
     async def submit(self, new: NewJob) -> tuple[Job, bool]:
         """Store the job and its dispatch outbox row in one transaction.
@@ -186,7 +192,7 @@ class SubmitRepository:
         written again alone, unless its connection broke (its outcome is not known); what
         had joined it runs alone."""
         unit = self.work.take()
-        opened = transaction(self._autocommit) if unit.writes else self._autocommit.connect()
+        opened = transaction(self._autocommit) if unit.writes else self._kept.connection()
         try:
             async with unit.settling(), opened as conn:
                 await unit.run(conn)

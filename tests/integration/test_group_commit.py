@@ -144,3 +144,34 @@ async def test_stop_flushes_what_is_gathered(engine: AsyncEngine) -> None:
     answers = await asyncio.gather(*submits)
     assert all(created for _, created in answers)
     assert await counts(engine) == (30, 30)
+
+
+async def test_kept_connections_carry_lone_submits_and_a_closed_one_is_replaced(
+    engine: AsyncEngine,
+) -> None:
+    """A lone submit's statement runs on the connection kept open from the one before (not
+    taken from the pool again); one the server closed is dropped unused, and replaced."""
+    checkouts = 0
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def counted(*args: Any) -> None:
+        nonlocal checkouts
+        checkouts += 1
+
+    repo = JobRepository(engine, dispatch_topic="dispatch", events_topic="events", kept=1)
+    try:
+        await repo.submit_group([new("first")])
+        await repo.submit_group([new("second")])
+        assert checkouts == 1
+        async with engine.connect() as conn:  # the server closes the kept connection
+            await conn.exec_driver_sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        await asyncio.sleep(0.2)  # asyncpg sees its socket close
+        before = checkouts
+        await repo.submit_group([new("third")])
+        assert checkouts == before + 1  # a new one: the closed one was not used
+    finally:
+        await repo.close()
+    assert await counts(engine) == (3, 3)
