@@ -30,6 +30,7 @@ from plumbing.documents.errors import REASONS as DOCUMENT_REASONS
 from plumbing.settings import Settings
 from producers.admission.limits import BodyTooLarge, RequestTimeout
 from producers.admission.policy import REFUSALS, UNAVAILABLE, Refused
+from producers.api import channel
 from producers.api.app import create_app
 from producers.api.errors import HANDLER_CODES
 from schemas import reasons
@@ -297,9 +298,15 @@ class Renderer:
                 f"| `{method.upper()}` | [`{path}`]({_anchor(title)}) | "
                 f"{_cell(op.get('summary', ''))} |"
             )
+        channel_title = f"WEBSOCKET {channel.PATH}"
+        out.append(
+            f"| `WEBSOCKET` | [`{channel.PATH}`]({_anchor(channel_title)}) | "
+            "Single submits over one connection, each answered as `POST /v1/jobs` answers it |"
+        )
         out += ["", *self.headers(), *self.errors(), "## Operations", ""]
         for method, path, op in self.operations:
             out += self.operation(method, path, op)
+        out += [f"### {channel_title}", "", inspect.cleandoc(channel.__doc__ or ""), ""]
         out += self.models()
         return "\n".join(out).rstrip() + "\n"
 

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib.ingress_clients import drive_client, drive_wrk, wrk_found
+from benchmarks.lib.ingress_clients import (
+    drive_blocking_client,
+    drive_client,
+    drive_wrk,
+    wrk_found,
+)
 from benchmarks.lib.ingress_runs import JOB, Run, Served, bench_modules
 from benchmarks.lib.stack import bench_settings, services
 from plumbing.settings import Settings
@@ -218,6 +223,9 @@ async def sluicegate_runs(load: SubmitLoad) -> dict[str, Any]:
                 if n == 0:
                     runs["client_1_task"] = await drive_client(
                         api, tasks=1, seconds=load.alone_seconds
+                    )
+                    runs["blocking_client_loop"] = await asyncio.to_thread(
+                        drive_blocking_client, api, seconds=load.alone_seconds
                     )
                 figures[on] = {name: run.figures() for name, run in runs.items()}
                 for connections in load.wrk_connections if wrk_found() else ():

@@ -1,6 +1,7 @@
 """Two more loads for the ingress benchmark: the project's own Python client
-(``client.api.AsyncClient.submit``, concurrent calls coalesced into bulk requests) in
-tasks of this process, and wrk, a C load generator, as a subprocess (Debian: ``apt install
+(``client.api.AsyncClient.submit``, concurrent calls coalesced into bulk requests, a lone
+one over the submit channel) in tasks of this process or a plain loop of the blocking
+client, and wrk, a C load generator, as a subprocess (Debian: ``apt install
 wrk``), each in a closed loop against ``sluicegate api``."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from benchmarks.lib.ingress_runs import JOB, Run, Served
 from client.api import AsyncClient
+from client.sync import Client
 from schemas.jobs import JobKind
 
 # wrk posts JOB from a file (no quoting in Lua) and counts the answers that are not 2xx.
@@ -52,6 +54,27 @@ async def drive_client(api: Served, *, tasks: int, seconds: float) -> Run:
         began = loop.time()
         await asyncio.gather(*(caller() for _ in range(tasks)))
         run.elapsed_s = loop.time() - began
+    run.cpu_s = api.api_cpu_s() - cpu
+    run.client_cpu_s = time.process_time() - client_cpu
+    return run
+
+
+def drive_blocking_client(api: Served, *, seconds: float) -> Run:
+    """A plain loop of ``submit()`` on the blocking client (``client.sync.Client``), in
+    this thread: one caller, each submit sent when the last one was answered."""
+    run = Run(jobs_per_request=1)
+    with Client(api.url, tenant="bench") as client:
+        client.submit(JOB["kind"], JOB["input"], max_tokens=JOB["max_tokens"], ttl_s=JOB["ttl_s"])
+        cpu, client_cpu = api.api_cpu_s(), time.process_time()
+        began = time.perf_counter()
+        until = began + seconds
+        while (started := time.perf_counter()) < until:
+            client.submit(
+                JOB["kind"], JOB["input"], max_tokens=JOB["max_tokens"], ttl_s=JOB["ttl_s"]
+            )
+            run.latencies.append(time.perf_counter() - started)
+            run.statuses[202] += 1
+        run.elapsed_s = time.perf_counter() - began
     run.cpu_s = api.api_cpu_s() - cpu
     run.client_cpu_s = time.process_time() - client_cpu
     return run

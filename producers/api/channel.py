@@ -2,22 +2,30 @@
 would answer it, once its job is durable.
 
 Why: a caller submitting one job after another pays HTTP's whole request path for each
-(parsing, the middleware, routing, the caller's key), and waits for it: that path, on both
-sides, was most of a lone submit's time (docs/performance.md). On a channel the key is
-checked at the handshake and the request path is paid once.
+(parsing, the middleware, routing, the caller's key) and waits for it; on both sides that
+path was most of a lone submit's time (docs/performance.md). On a channel it is paid once.
+The Python client sends a lone ``submit()`` this way; any WebSocket client can.
 
-A frame is ``{"ref": R, "job": {…}}``, the job a ``POST /v1/jobs`` body (its idempotency key
-in it). Its answer is ``{"ref": R, "status": …, "body": …, "headers": …}``: what the route
-would answer (202, 200 replay, 409, 422, 429 or 503 with Retry-After), sent once the job is
-committed. Frames are taken concurrently (at most ``max_bulk_jobs`` at once, the rest wait
-in the socket), so their jobs share the submit groups' transactions, and answered as they
-end, in any order. The caller's key is looked up again for each frame, as for each request
-(``api_key_cache_s``), so a revoked key stops the channel.
+The handshake carries the caller as a request does (``Authorization: Bearer <key>``, or
+``X-Sluicegate-Tenant`` with ``auth = tenant_header``); a refused one is answered with the
+same HTTP error (401 ``unauthorized``).
 
-A channel closed by the server with 1001 (going away: the API is stopping, see
-``drain_all``) answered every frame it read: a frame not answered was not read, and nothing
-was stored for it, so the client sends it again. Any other end of the connection leaves the
-frames in flight unanswered, as a broken connection leaves an HTTP request.
+A frame is ``{"ref": R, "job": {...}}``: ``R`` an integer or a string of the caller's, the
+job a ``POST /v1/jobs`` body (its idempotency key in it). Its answer is ``{"ref": R,
+"status": ..., "body": ..., "headers": ...}``: what the route would answer (202, 200 for a
+replay, 409, 422, 429 or 503 with ``retry-after``), sent once the job is committed. A frame
+that is not JSON is answered ``{"ref": null, "status": 400, ...}`` (``invalid_json``); one
+without a ``ref`` or a ``job`` 422 (``invalid_request``); one over ``max_body_bytes`` 413.
+Frames are taken concurrently (at most ``max_bulk_jobs`` at once; the rest wait in the
+socket), so their jobs share the submit groups' transactions, and are answered as they end,
+in any order. The caller's key is looked up again for each frame, as for each request
+(``api_key_cache_s``): a revoked key's frame is answered 401 and the channel closes (1008).
+
+When the API stops, it reads no more frames, answers every frame it read, and closes the
+channel with 1001 (going away): a frame not answered then was not read, nothing was stored
+for it, and it may be sent again. Any other end of the connection leaves the frames in
+flight unanswered, as a broken connection leaves an HTTP request (an idempotency key makes
+sending them again safe).
 """
 
 from __future__ import annotations
