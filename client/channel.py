@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import json
 from collections.abc import Mapping
+from typing import Any
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
@@ -50,11 +51,14 @@ class _Open:
     async def _read(self) -> None:
         try:
             async for message in self.ws:
-                frame = json.loads(message)
-                future = self.waiting.pop(frame.get("ref"), None)
+                try:
+                    frame = json.loads(message)
+                    ref, answer = frame.get("ref"), _answer(frame)
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue  # not an answer of the API's: no submit is waiting for it
+                future = self.waiting.pop(ref, None)
                 if future is not None and not future.done():
-                    headers = frame.get("headers") or {}
-                    future.set_result(JobAnswer(int(frame["status"]), frame["body"], headers))
+                    future.set_result(answer)
         except ConnectionClosed:
             pass
         finally:
@@ -146,3 +150,7 @@ class SubmitChannel:
         if opened is not None:
             await opened.ws.close()
             await asyncio.wait({opened.reader})
+
+
+def _answer(frame: dict[str, Any]) -> JobAnswer:
+    return JobAnswer(int(frame["status"]), frame["body"], frame.get("headers") or {})

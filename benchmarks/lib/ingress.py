@@ -216,17 +216,11 @@ async def sluicegate_runs(load: SubmitLoad) -> dict[str, Any]:
                 await drive(
                     api, "/v1/jobs", single, clients=load.clients, seconds=load.warmup, jobs=1
                 )
-                runs = await _runs(api, load) if n == 0 else {}
+                # One caller first, on a quiet stack: not behind the loaded runs' leftovers.
+                runs = {**await _alone(api, load), **await _runs(api, load)} if n == 0 else {}
                 runs[f"client_{load.clients}_tasks"] = await drive_client(
                     api, tasks=load.clients, seconds=load.seconds
                 )
-                if n == 0:
-                    runs["client_1_task"] = await drive_client(
-                        api, tasks=1, seconds=load.alone_seconds
-                    )
-                    runs["blocking_client_loop"] = await asyncio.to_thread(
-                        drive_blocking_client, api, seconds=load.alone_seconds
-                    )
                 figures[on] = {name: run.figures() for name, run in runs.items()}
                 for connections in load.wrk_connections if wrk_found() else ():
                     if n == 0 or connections == max(load.wrk_connections):
@@ -251,16 +245,28 @@ async def sluicegate_runs(load: SubmitLoad) -> dict[str, Any]:
     }
 
 
+async def _alone(api: Served, load: SubmitLoad) -> dict[str, Run]:
+    """One caller in a closed loop: aiohttp, the project's client (one task, over the submit
+    channel), and a plain loop of its blocking client."""
+    single = json.dumps(JOB).encode()
+    return {
+        "single_1_client": await drive(
+            api, "/v1/jobs", single, clients=1, seconds=load.alone_seconds, jobs=1
+        ),
+        "client_1_task": await drive_client(api, tasks=1, seconds=load.alone_seconds),
+        "blocking_client_loop": await asyncio.to_thread(
+            drive_blocking_client, api, seconds=load.alone_seconds
+        ),
+    }
+
+
 async def _runs(api: Served, load: SubmitLoad) -> dict[str, Run]:
-    """The aiohttp loads: single submits from ``clients`` and from one, then batches."""
+    """The aiohttp loads: single submits from ``clients``, then batches."""
     single, batch = json.dumps(JOB).encode(), batch_body(load.batch_size)
     await drive(api, "/v1/batches", batch, clients=1, seconds=load.warmup, jobs=1)
     return {
         f"single_{load.clients}_clients": await drive(
             api, "/v1/jobs", single, clients=load.clients, seconds=load.seconds, jobs=1
-        ),
-        "single_1_client": await drive(
-            api, "/v1/jobs", single, clients=1, seconds=load.alone_seconds, jobs=1
         ),
         f"batches_of_{load.batch_size}_{load.batch_clients}_clients": await drive(
             api,
