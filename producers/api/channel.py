@@ -63,6 +63,7 @@ class Channels:
 
     def __init__(self) -> None:
         self.open: set[ServedChannel] = set()
+        self.denied = 0  # handshakes refused with an HTTP answer, not yet logged by uvicorn
 
     async def drain_all(self, timeout_s: float) -> None:
         """Stop reading every channel, answer the frames read, close with 1001."""
@@ -85,6 +86,7 @@ async def channel(websocket: WebSocket) -> None:
         answer = await answer_for(websocket, exc)
         assert answer is not None
         if DENIAL in websocket.scope.get("extensions", {}):
+            OPEN.denied += 1  # see producers.api.server.DenialsSent
             await websocket.send_denial_response(answer)
         else:  # a server without denial responses: the reason in the close
             await websocket.close(POLICY, exc.message[:120])

@@ -27,7 +27,33 @@ from producers.api import channel
 log = logging.getLogger(__name__)
 
 
+# What uvicorn's websockets-sansio protocol logs at ERROR when an app returns after refusing
+# a handshake with an HTTP answer (the ``websocket.http.response`` extension), an answer it
+# did send: it never marks that handshake complete (uvicorn pull request 3138; its wsproto
+# protocol does, and is slower here).
+HANDSHAKE_ERROR = "ASGI callable returned without completing handshake."
+
+
+class DenialsSent(logging.Filter):
+    """Drops uvicorn's ERROR line after each refused submit channel handshake (a wrong key is
+    a caller's mistake, answered 401, not the server's error); the same line for anything
+    else stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if channel.OPEN.denied and record.getMessage() == HANDSHAKE_ERROR:
+            channel.OPEN.denied -= 1
+            return False
+        return True
+
+
+_DENIALS = DenialsSent()
+
+
 class ApiServer(uvicorn.Server):
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        logging.getLogger("uvicorn.error").addFilter(_DENIALS)  # once: the same filter
+        await super().serve(sockets)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()  # no new connections while the channels drain

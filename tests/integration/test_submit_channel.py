@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -135,11 +138,28 @@ async def test_the_key_is_checked_at_the_handshake_and_for_each_frame(
                 assert (refused.value.status, refused.value.code) == (401, "unauthorized")
         async with AsyncClient(url, api_key=key) as client:
             accepted = await client.submit(JobKind.SUMMARIZE, DOC, ttl_s=600)
-            assert await store.revoke(key_id(key))
+            made = key_id(key)
+            assert made is not None
+            assert await store.revoke(made)
             with pytest.raises(ApiError) as revoked:
                 await client.submit(JobKind.SUMMARIZE, DOC, ttl_s=600)
             assert (revoked.value.status, revoked.value.code) == (401, "unauthorized")
     assert await stored(db) == {accepted.id}
+
+
+async def test_a_refused_handshake_is_not_logged_as_the_servers_error(
+    settings: Settings, db: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    keyed = settings.model_copy(update={"auth": "api_key", "api_key_cache_s": 0})
+    denied = channel.OPEN.denied  # left by servers of other tests, not the API's own
+    async with served_by_api_server(keyed, db) as (port, _):
+        for _ in range(3):
+            async with AsyncClient(f"http://127.0.0.1:{port}", api_key="sk_nope") as client:
+                with pytest.raises(ApiError):
+                    await client.submit(JobKind.SUMMARIZE, DOC, ttl_s=600)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
+    assert channel.OPEN.denied == denied  # each line dropped was a denial's
 
 
 async def test_a_server_without_the_channel_is_met_with_http(
@@ -160,14 +180,37 @@ async def test_a_stopping_api_answers_every_frame_it_read(
 ) -> None:
     """Frames keep coming while the server stops: each one it read is answered (202), the
     channel closes with 1001, and no job is stored that was not answered."""
+    answers: list[dict[str, Any]] = []
+    async with served_by_api_server(settings, db) as (port, server):
+        code = await frames_while_stopping(port, server, answers)
+    assert code == channel.GOING_AWAY
+    assert 20 <= len(answers) < 2000
+    assert {a["status"] for a in answers} == {202}
+    assert await stored(db) == {a["body"]["id"] for a in answers}
+
+
+@asynccontextmanager
+async def served_by_api_server(
+    settings: Settings, db: AsyncEngine
+) -> AsyncIterator[tuple[int, ApiServer]]:
+    """The app under the API's own server (``ApiServer``), stopped as SIGTERM stops it."""
     config = uvicorn.Config(
         create_app(settings, engine=db), host="127.0.0.1", port=0, log_config=None
     )
     server = ApiServer(config)
     serve = asyncio.create_task(server.serve())
-    await until(lambda: server.started or serve.done(), within_s=10)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    answers: list[dict[str, Any]] = []
+    try:
+        await until(lambda: server.started or serve.done(), within_s=10)
+        yield server.servers[0].sockets[0].getsockname()[1], server
+    finally:
+        server.should_exit = True
+        await serve
+
+
+async def frames_while_stopping(
+    port: int, server: ApiServer, answers: list[dict[str, Any]]
+) -> int | None:
+    """Frames sent on and on; the server told to stop once 20 are answered; its close code."""
     async with connect(f"ws://127.0.0.1:{port}{channel.PATH}", additional_headers=TENANT) as ws:
 
         async def send() -> None:
@@ -182,8 +225,4 @@ async def test_a_stopping_api_answers_every_frame_it_read(
                 server.should_exit = True  # as SIGTERM does
         code = ws.close_code
     sending.cancel()
-    await serve
-    assert code == channel.GOING_AWAY
-    assert 20 <= len(answers) < 2000
-    assert {a["status"] for a in answers} == {202}
-    assert await stored(db) == {a["body"]["id"] for a in answers}
+    return code
