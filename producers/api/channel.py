@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,6 +49,7 @@ from producers.api.errors import answer_for, error_response
 from schemas import constants
 from schemas.errors import InvalidRequest, SluicegateError, Unauthorized
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 PATH = "/v1/jobs/channel"
@@ -176,15 +178,19 @@ class ServedChannel:
                 self._stop_reading(POLICY)  # the key no longer holds: no more frames
             await self._send(ref, await _refusal(self._ws, exc))
             return
-        answer = await answer_of(
-            self._ws,
-            job,
-            caller.tenant,
-            state.settings.api,
-            state.pools,
-            state.group_commit,
-            datetime.now(UTC),
-        )
+        try:
+            answer = await answer_of(
+                self._ws,
+                job,
+                caller.tenant,
+                state.settings.api,
+                state.pools,
+                state.group_commit,
+                datetime.now(UTC),
+            )
+        except Exception:  # what no handler answers: a 500, as the route's would be
+            log.exception("submit channel: frame %r failed", ref)
+            answer = _item(error_response(500, "internal_error", "internal error"))
         await self._send(ref, answer)
 
     async def _send(self, ref: Any, answer: dict[str, Any]) -> None:

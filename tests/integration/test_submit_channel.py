@@ -226,3 +226,20 @@ async def frames_while_stopping(
         code = ws.close_code
     sending.cancel()
     return code
+
+
+async def test_a_frame_that_fails_unexpectedly_is_a_500_and_the_channel_goes_on(
+    settings: Settings, db: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = channel.answer_of
+
+    async def failing(*args: Any) -> dict[str, Any]:
+        if args[1]["input"] == "boom":
+            raise RuntimeError("a bug")
+        return await real(*args)
+
+    monkeypatch.setattr(channel, "answer_of", failing)
+    async with serving(create_app(settings, engine=db)) as port:
+        answers = await frames(port, [job(input="boom"), job()], TENANT)
+    assert [(a["ref"], a["status"]) for a in answers] == [(0, 500), (1, 202)]
+    assert answers[0]["body"]["error"]["code"] == "internal_error"
