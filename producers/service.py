@@ -7,7 +7,6 @@ import gc
 import logging
 import signal
 from dataclasses import replace
-from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -19,7 +18,7 @@ from plumbing.pools import Pools
 from plumbing.settings import Settings
 from producers.api import channel
 from producers.api.app import create_app
-from producers.api.server import ApiServer, serve_processes
+from producers.api.server import ApiServer, exit_cleanly, serve_processes
 from producers.outbox.config import OutboxConfig
 from producers.outbox.reconciler import Reconciler
 from producers.outbox.relay import OutboxRelay
@@ -47,10 +46,6 @@ def gc_frozen(app: FastAPI) -> FastAPI:
     return app
 
 
-def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(0)
-
-
 def serve_api(settings: Settings, *, processes: int = 1) -> None:
     """Serve the API, in ``processes`` processes on one socket. On SIGTERM the submit
     channels answer what they read, then in-flight requests are answered; those still open
@@ -63,7 +58,7 @@ def serve_api(settings: Settings, *, processes: int = 1) -> None:
     settings.require_database_url()
     settings.require_kafka()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _exit_cleanly)
+        signal.signal(sig, exit_cleanly)
     app: FastAPI | str = "producers.service:app_from_env"
     if processes == 1:
         app = gc_frozen(create_app(settings))

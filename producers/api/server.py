@@ -65,8 +65,17 @@ class ApiServer(uvicorn.Server):
 
 
 def _serve(config: uvicorn.Config, sock: socket.socket) -> None:
+    # After its drain uvicorn gives the signal back to the handler it found: the default one
+    # would end the drained process with -15, which reads as a crash.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, exit_cleanly)
     config.configure_logging()
     ApiServer(config).run(sockets=[sock])
+
+
+def exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    """A signal handler for a drained server: the process exits 0."""
+    raise SystemExit(0)
 
 
 def serve_processes(config: uvicorn.Config, processes: int) -> int:
