@@ -51,8 +51,7 @@ def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
 def checked_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
     """A connection whose socket the server closed (a restart, an idle timeout) is known
     without a round trip (asyncpg saw the close): the pool drops it and takes another."""
-    driver = getattr(dbapi_connection, "driver_connection", None)
-    if driver is not None and driver.is_closed():
+    if closed_by_server(dbapi_connection):
         RETRIES.labels(operation="db_checkout", error="connection_closed").inc()
         raise DisconnectionError("the server closed this connection")
 
@@ -125,10 +124,16 @@ class KeptConnections:
 
 def _open(conn: AsyncConnection) -> bool:
     """Whether the connection is open as far as asyncpg knows (no round trip)."""
-    if conn.closed or conn.invalidated:
+    if conn.closed or conn.invalidated or conn.sync_connection is None:
         return False
-    driver = conn.sync_connection.connection.driver_connection if conn.sync_connection else None
-    return driver is not None and not driver.is_closed()
+    return not closed_by_server(conn.sync_connection.connection)
+
+
+def closed_by_server(connection: Any) -> bool:
+    """Whether asyncpg saw the socket of ``connection`` (the DBAPI one, or the pool's proxy
+    of it) close: known without a round trip."""
+    driver = getattr(connection, "driver_connection", None)
+    return driver is not None and driver.is_closed()
 
 
 async def _close(conn: AsyncConnection) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.requests import HTTPConnection
 
@@ -90,12 +91,18 @@ async def answer_of(
         answer = await answer_for(conn, exc)
         if answer is None:
             raise
-        headers = {k: v for k, v in answer.headers.items() if k in _HEADERS}
-        body_of = json.loads(bytes(answer.body))
-        return {"status": answer.status_code, "body": body_of, "headers": headers}
+        return item_of(answer)
     status, stored, headers = stored_answer(job, created)
     return {
         "status": status,
         "body": stored.model_dump(mode="json"),
         "headers": {k.lower(): v for k, v in headers.items()},
     }
+
+
+def item_of(answer: JSONResponse) -> dict[str, Any]:
+    """An error answer as one job's item: its status, JSON body, and the headers a single
+    submit's answer carries (Retry-After among them)."""
+    headers = {k: v for k, v in answer.headers.items() if k in _HEADERS}
+    body = json.loads(bytes(answer.body))
+    return {"status": answer.status_code, "body": body, "headers": headers}

@@ -38,12 +38,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
-from fastapi.responses import JSONResponse
 from starlette.datastructures import State
 from starlette.websockets import WebSocketDisconnect
 
 from producers.admission.limits import BodyTooLarge
-from producers.api.bulk import answer_of
+from producers.api.bulk import answer_of, item_of
 from producers.api.deps import current_caller
 from producers.api.errors import answer_for, error_response
 from schemas import constants
@@ -165,7 +164,7 @@ class ServedChannel:
         state = self._state
         if not parsed:
             invalid = error_response(400, "invalid_json", "the frame is not valid JSON")
-            await self._send(None, _item(invalid))
+            await self._send(None, item_of(invalid))
             return
         try:
             if len(data) > self._max_frame:
@@ -190,7 +189,7 @@ class ServedChannel:
             )
         except Exception:  # what no handler answers: a 500, as the route's would be
             log.exception("submit channel: frame %r failed", ref)
-            answer = _item(error_response(500, "internal_error", "internal error"))
+            answer = item_of(error_response(500, "internal_error", "internal error"))
         await self._send(ref, answer)
 
     async def _send(self, ref: Any, answer: dict[str, Any]) -> None:
@@ -215,8 +214,4 @@ def _frame(data: str | bytes) -> tuple[Any, Any, bool]:
 async def _refusal(websocket: WebSocket, exc: Exception) -> dict[str, Any]:
     answer = await answer_for(websocket, exc)
     assert answer is not None
-    return _item(answer)
-
-
-def _item(answer: JSONResponse) -> dict[str, Any]:
-    return {"status": answer.status_code, "body": json.loads(bytes(answer.body)), "headers": {}}
+    return item_of(answer)
