@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -167,6 +168,19 @@ async def described_cluster_id(admin: AIOKafkaAdminClient) -> str | None:
     """The cluster id, asked through a started admin client (one request)."""
     found = (await admin.describe_cluster()).get("cluster_id")
     return str(found) if found is not None else None
+
+
+ClientT = TypeVar("ClientT", AIOKafkaConsumer, AIOKafkaProducer)
+
+
+async def started(client: ClientT) -> ClientT:
+    """``client`` started; one whose start failed is closed (``close_client``) first."""
+    try:
+        await client.start()
+    except BaseException:
+        await close_client(client)
+        raise
+    return client
 
 
 async def close_client(

@@ -24,6 +24,7 @@ from plumbing.kafka import (
     close_client,
     ensure_topics,
     make_producer,
+    started,
 )
 from plumbing.published_store import Acked, OutboxRow
 
@@ -62,13 +63,9 @@ class Publisher:
             await ensure_topics(t.bootstrap, t.topics, replication_factor=t.replication_factor)
             self._cluster = ClusterIdReader(t.bootstrap)
             self._cluster_id = await self._cluster.read()
-            producer = make_producer(t.bootstrap, idempotent=t.idempotent, linger_ms=t.linger_ms)
-            try:
-                await producer.start()
-            except BaseException:
-                await close_client(producer)
-                raise
-            self._producer = producer
+            self._producer = await started(
+                make_producer(t.bootstrap, idempotent=t.idempotent, linger_ms=t.linger_ms)
+            )
         return self._producer
 
     async def disconnect(self) -> None:

@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from plumbing.kafka import close_admin, close_client
+from plumbing.kafka import close_admin, close_client, started
 from plumbing.retry import retriable_broker_error, retrying
 
 log = logging.getLogger(__name__)
@@ -32,18 +32,14 @@ class GroupReader:
 
     async def consumer(self) -> AIOKafkaConsumer:
         if self._consumer is None:
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=self._bootstrap,
-                group_id=self._group_id,
-                enable_auto_commit=False,
-                request_timeout_ms=5_000,
+            self._consumer = await started(
+                AIOKafkaConsumer(
+                    bootstrap_servers=self._bootstrap,
+                    group_id=self._group_id,
+                    enable_auto_commit=False,
+                    request_timeout_ms=5_000,
+                )
             )
-            try:
-                await consumer.start()
-            except BaseException:
-                await close_client(consumer)
-                raise
-            self._consumer = consumer
         return self._consumer
 
     async def admin(self) -> AIOKafkaAdminClient:
